@@ -1,0 +1,74 @@
+"""Results on disk: JSON for configs and summaries, `.npz` for arrays, never pickle.
+
+Every write goes to a temporary file in the same folder and is renamed into place,
+so a reader (or a resumed run) sees either the old file or the complete new one.
+"""
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+def _atomic_write(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and x != x:
+        return None  # NaN has no JSON spelling; null means "undefined"
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_json(path, obj) -> None:
+    """Write `obj` as indented JSON, atomically; NaN becomes null."""
+    text = json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n"
+    _atomic_write(Path(path), lambda f: f.write(text.encode()))
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_npz(path, arrays: dict) -> None:
+    """Write a dict of arrays as an uncompressed `.npz`, atomically."""
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    for k, v in arrays.items():
+        if v.dtype == object:
+            raise TypeError(f"array {k!r} has dtype object, which would need pickle")
+    _atomic_write(Path(path), lambda f: np.savez(f, **arrays))
+
+
+def read_npz(path) -> dict:
+    """Read every array of an `.npz` (no pickle); raise `ValueError` if it is corrupt."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
+        raise ValueError(f"corrupt or unreadable array file {path}: {e}") from e
