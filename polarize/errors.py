@@ -13,9 +13,7 @@ def check_choice(argument: str, value: str, choices) -> str:
     """Return `value` if it is one of `choices`, else raise a `PolarizeError` listing them."""
     choices = list(choices)
     if value not in choices:
-        raise PolarizeError(
-            f"`{argument}` must be one of {', '.join(choices)}; got {value!r}"
-        )
+        raise PolarizeError(f"`{argument}` must be one of {', '.join(choices)}; got {value!r}")
     return value
 
 

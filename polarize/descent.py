@@ -1,0 +1,109 @@
+"""Discrete optimizers (any optax GradientTransformation) on the same models and objectives.
+
+`descend(model, objective, 0.1, steps=...)` is plain gradient descent at lr 0.1 and
+reports time as steps x lr, directly comparable with `flow`. Each initialization
+carries its own optimizer state, so Adam or momentum act per initialization exactly
+as in a Python loop over them.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .dynamics import gradient, params, with_params
+from .ensembles import ensemble_size, over_inits
+from .errors import PolarizeError, check_positive
+from .models import AbstractModel
+from .objectives import AbstractObjective
+from .trajectory import Trajectory, all_finite, observe
+
+
+def save_steps(steps: int, n_save: int = 64) -> np.ndarray:
+    """About n_save distinct step indices from 0 to steps, evenly spaced in log(1 + k)."""
+    raw = np.expm1(np.linspace(0.0, np.log1p(steps), n_save))
+    return np.unique(np.concatenate([[0], np.round(raw).astype(np.int64), [steps]]))
+
+
+def descend(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    optimizer: optax.GradientTransformation | float,
+    *,
+    steps: int,
+    lr: float | None = None,
+    n_save: int = 64,
+    save_at=None,
+) -> Trajectory:
+    """Run `steps` optimizer updates theta <- theta + update(grad L) on every initialization.
+
+    Args:
+        model, objective: as for `flow` (either may be batched).
+        optimizer: an optax transformation, or a float lr meaning `optax.sgd(lr)`.
+        steps: number of updates.
+        lr: the step size used to report time as step x lr (taken from `optimizer`
+            when it is a float); without it, time is the step index.
+        n_save: about this many saved steps, log-spaced; or `save_at`, explicit indices.
+
+    Returns:
+        A `Trajectory` with `steps` holding the saved step indices. An initialization
+        that goes NaN/Inf gets ok=False and status 1; others are unaffected.
+    """
+    steps = check_positive("steps", steps, integer=True)
+    if isinstance(optimizer, int | float):
+        lr = check_positive("lr", float(optimizer)) if lr is None else lr
+        optimizer = _sgd(lr)
+    elif not isinstance(optimizer, optax.GradientTransformation):
+        raise PolarizeError(
+            "`optimizer` must be an optax GradientTransformation or a float learning rate; "
+            f"got {type(optimizer).__name__}"
+        )
+    if lr is not None:
+        check_positive("lr", lr)
+    ensemble_size(model, objective)
+    if save_at is None:
+        marks = save_steps(steps, check_positive("n_save", n_save, integer=True))
+    else:
+        marks = np.unique(np.asarray(save_at, dtype=np.int64))
+        if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
+            raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
+    traj = _descend(model, objective, optimizer, tuple(int(k) for k in marks))
+    ts = jnp.asarray(marks, dtype=jnp.result_type(float)) * (1.0 if lr is None else lr)
+    return eqx.tree_at(lambda t: t.ts, traj, ts)
+
+
+# One transformation object per lr, so repeated calls reuse the compiled loop.
+_sgd = functools.lru_cache(maxsize=64)(optax.sgd)
+
+
+@eqx.filter_jit
+def _descend(model, objective, optimizer, marks):
+    def run_one(model, objective):
+        def step(carry, _):
+            theta, opt_state = carry
+            grads = gradient(with_params(model, theta), objective)
+            updates, opt_state = optimizer.update(grads, opt_state, theta)
+            return (optax.apply_updates(theta, updates), opt_state), None
+
+        theta = params(model)
+        carry = (theta, optimizer.init(theta))
+        saved, done = [], 0
+        # One scan per segment between saved steps: static lengths keep the loop
+        # reverse-differentiable, so gradients can flow through descent too.
+        for mark in marks:
+            if mark > done:
+                carry, _ = jax.lax.scan(step, carry, None, length=mark - done)
+                done = mark
+            saved.append(carry[0])
+        trainable = jax.tree.map(lambda *xs: jnp.stack(xs), *saved)
+        weights, loss = observe(model, objective, trainable)
+        ok = all_finite((trainable, weights, loss))
+        return trainable, weights, loss, ok, jnp.where(ok, 0, 1).astype(jnp.int32)
+
+    (V, a), weights, loss, ok, status = over_inits(run_one, model, objective)
+    ts = jnp.asarray(marks, dtype=V.dtype)
+    step_index = jnp.asarray(marks, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)

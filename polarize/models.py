@@ -1,0 +1,185 @@
+"""Attention models stripped to their core: beta = V sigma(a) and the tied beta = U sigma(U a).
+
+A model holds either one initialization or a leading batch axis of them; every
+entry point (`flow`, `descend`, `summarize`) accepts both.
+"""
+
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .errors import PolarizeError, check_positive
+from .normalizations import AbstractNormalization, Softmax, normalization
+
+
+def _check_finite(name: str, x) -> None:
+    if isinstance(x, jax.core.Tracer):
+        return
+    if not np.all(np.isfinite(np.asarray(x))):
+        raise PolarizeError(f"`{name}` contains NaN or Inf")
+
+
+class AbstractModel(eqx.Module):
+    """A single-query attention head: weights sigma(logits), output values @ weights.
+
+    `trainable` names the arrays that gradient flow moves; `core_ndim` gives their
+    rank for one initialization (one more means a leading batch axis).
+    """
+
+    norm: eqx.AbstractVar[AbstractNormalization]
+    trainable: ClassVar[tuple[str, ...]]
+    core_ndim: ClassVar[dict[str, int]]
+
+    def logits(self) -> Float[Array, "*batch tokens"]:
+        raise NotImplementedError
+
+    def values(self) -> Float[Array, "*batch dim tokens"]:
+        raise NotImplementedError
+
+    def weights(self) -> Float[Array, "*batch tokens"]:
+        """s = sigma(logits)."""
+        return self.norm(self.logits())
+
+    def __call__(self) -> Float[Array, "*batch dim"]:
+        """beta = values @ weights."""
+        return jnp.einsum("...dt,...t->...d", self.values(), self.weights())
+
+    @property
+    def batch_size(self) -> int | None:
+        """Number of initializations held, or None for a single one."""
+        name = self.trainable[0]
+        x = getattr(self, name)
+        return x.shape[0] if x.ndim > self.core_ndim[name] else None
+
+    @property
+    def tokens(self) -> int:
+        return self.logits().shape[-1]
+
+
+class ValueAttention(AbstractModel):
+    """beta = V sigma(a), with V of shape (dim, tokens) and a of shape (tokens,).
+
+    Column v_j of V is token j's value and a its attention logit. Gradient flow
+    on L(beta) gives dV/dt = r s^T and da/dt = J_sigma^T V^T r with r = -grad L.
+    """
+
+    V: Float[Array, "*batch dim tokens"]
+    a: Float[Array, "*batch tokens"]
+    norm: AbstractNormalization = Softmax()
+    trainable: ClassVar[tuple[str, ...]] = ("V", "a")
+    core_ndim: ClassVar[dict[str, int]] = {"V": 2, "a": 1}
+
+    def __init__(self, V, a, norm: AbstractNormalization | str = "softmax"):
+        self.V = jnp.asarray(V)
+        self.a = jnp.asarray(a)
+        self.norm = normalization(norm)
+
+    def __check_init__(self):
+        if self.V.ndim not in (2, 3):
+            raise PolarizeError(
+                f"`V` must have shape (dim, tokens) or (inits, dim, tokens); got {self.V.shape}"
+            )
+        if self.a.shape != self.V.shape[:-2] + self.V.shape[-1:]:
+            raise PolarizeError(
+                f"`a` must have shape {self.V.shape[:-2] + self.V.shape[-1:]} to match "
+                f"`V` of shape {self.V.shape}; got {self.a.shape}"
+            )
+        _check_finite("V", self.V)
+        _check_finite("a", self.a)
+
+    def logits(self):
+        return self.a
+
+    def values(self):
+        return self.V
+
+
+class TiedValueAttention(AbstractModel):
+    """beta = U sigma(U a): the values and the logits share one square matrix U.
+
+    With U(0) = I the column of U at the winning token grows far above the others:
+    the value-softmax picture of a massive activation.
+    """
+
+    U: Float[Array, "*batch dim dim"]
+    a: Float[Array, "*batch dim"]
+    norm: AbstractNormalization = Softmax()
+    trainable: ClassVar[tuple[str, ...]] = ("U", "a")
+    core_ndim: ClassVar[dict[str, int]] = {"U": 2, "a": 1}
+
+    def __init__(self, U, a, norm: AbstractNormalization | str = "softmax"):
+        self.U = jnp.asarray(U)
+        self.a = jnp.asarray(a)
+        self.norm = normalization(norm)
+
+    def __check_init__(self):
+        if self.U.ndim not in (2, 3) or self.U.shape[-1] != self.U.shape[-2]:
+            raise PolarizeError(
+                f"`U` must be square, shape (dim, dim) or (inits, dim, dim); got {self.U.shape}"
+            )
+        if self.a.shape != self.U.shape[:-1]:
+            raise PolarizeError(f"`a` must have shape {self.U.shape[:-1]} to match `U`; got {self.a.shape}")
+        _check_finite("U", self.U)
+        _check_finite("a", self.a)
+
+    def logits(self):
+        return jnp.einsum("...ij,...j->...i", self.U, self.a)
+
+    def values(self):
+        return self.U
+
+
+def as_key(key: PRNGKeyArray | int) -> PRNGKeyArray:
+    """A typed PRNG key from an int seed or an existing key."""
+    if isinstance(key, int | np.integer):
+        return jax.random.key(int(key))
+    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        return key
+    return jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
+
+
+def init_keys(key: PRNGKeyArray | int, n: int, start: int = 0) -> PRNGKeyArray:
+    """The keys of initializations start, ..., start + n - 1: key_i = fold_in(key, i)."""
+    key = as_key(key)
+    index = jnp.arange(start, start + n, dtype=jnp.uint32)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
+
+
+def init_ensemble(
+    key: PRNGKeyArray | int,
+    n: int,
+    *,
+    tokens: int,
+    dim: int,
+    v_scale: float = 0.1,
+    a_scale: float = 0.0,
+    a_offset: float = 0.0,
+    norm: AbstractNormalization | str = "softmax",
+    start: int = 0,
+    dtype=None,
+) -> ValueAttention:
+    """n initializations V ~ v_scale N(0, 1), a ~ a_offset + a_scale N(0, 1).
+
+    Initialization i (counted from `start`) depends only on (key, i), so it is the
+    same whatever n, the chunking or the device count.
+    """
+    n = check_positive("n", n, integer=True)
+    tokens = check_positive("tokens", tokens, integer=True)
+    dim = check_positive("dim", dim, integer=True)
+    for name, value in (("v_scale", v_scale), ("a_scale", a_scale), ("a_offset", a_offset)):
+        if not np.isfinite(value):
+            raise PolarizeError(f"`{name}` must be finite; got {value!r}")
+    dtype = dtype or jnp.result_type(float)
+
+    def one(k):
+        kv, ka = jax.random.split(k)
+        V = v_scale * jax.random.normal(kv, (dim, tokens), dtype)
+        a = a_offset + a_scale * jax.random.normal(ka, (tokens,), dtype)
+        return V, a
+
+    V, a = jax.vmap(one)(init_keys(key, n, start))
+    return ValueAttention(V, a, normalization(norm))

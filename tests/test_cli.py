@@ -1,0 +1,122 @@
+"""The `polarize sweep` main job end to end, and every bad-input message it can give."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import polarize as pz
+from polarize.cli import main
+
+SMALL = ["--inits", "40", "--tokens", "5", "--dim", "4", "--t1", "1e4", "--n-save", "12"]
+
+
+def test_sweep_writes_the_four_outputs(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["sweep", *SMALL, "--out", str(out)]) == 0
+    line = capsys.readouterr().out.splitlines()
+    assert line[0].startswith("softmax/logistic flow to t=1e+04: 40 inits, 0 failed")
+    assert line[1] == f"results: {out}"
+    config = json.loads((out / "config.json").read_text())
+    assert config["sweep"]["inits"] == 40 and config["versions"]["jax"]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in [
+        "n_inits",
+        "n_failed",
+        "one_hot_threshold",
+        "one_hot_fraction",
+        "median_max_weight",
+        "median_entropy",
+        "order_preserved_fraction",
+        "winner_is_argmax_u0_fraction",
+    ]:
+        assert key in summary
+    assert summary["n_inits"] == 40 and summary["order_preserved_fraction"] == 1.0
+    arrays = np.load(out / "per_init.npz", allow_pickle=False)
+    assert arrays["final_max_weight"].shape == (40,) and arrays["ok"].all()
+    assert (out / "weights.png").stat().st_size > 10_000
+    # the stored numbers are the API's numbers
+    loaded = pz.load(out)
+    model = pz.init_ensemble(pz.models.jax.random.fold_in(pz.models.as_key(0), 1), 40, tokens=5, dim=4)
+    obj = pz.sweep.build_objective(loaded["config"])
+    traj = pz.flow(model, obj, t1=1e4, n_save=12)
+    np.testing.assert_array_equal(pz.summarize(traj, obj).final["max_weight"], arrays["final_max_weight"])
+
+
+def test_sweep_square_gd_and_null_order_statistics(tmp_path, capsys):
+    out = tmp_path / "sq"
+    args = [
+        "sweep",
+        "--objective",
+        "square",
+        "--method",
+        "gd",
+        "--lr",
+        "0.05",
+        "--steps",
+        "200",
+        "--kappa",
+        "3",
+        "--inits",
+        "8",
+        "--tokens",
+        "4",
+        "--dim",
+        "4",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["order_preserved_fraction"] is None  # undefined without a direction
+    assert summary["winner_is_argmax_u0_fraction"] is None
+    assert "order preserved n/a" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--norm", "softmaxx"], "`norm` must be one of softmax, sigmoid, relu, linear, relu-norm"),
+        (
+            ["--objective", "hinge"],
+            "`objective` must be one of logistic, logistic-data, square, cross-entropy",
+        ),
+        (["--method", "newton"], "`method` must be one of flow, gd"),
+        (["--solver", "euler"], "`solver` must be one of tsit5, dopri5, kvaerno5"),
+        (["--inits", "0"], "`inits` must be a positive integer; got 0"),
+        (["--tokens", "-3"], "`tokens` must be a positive integer; got -3"),
+        (["--t1", "0"], "`t1` must be a positive finite number; got 0.0"),
+        (["--t1", "nan"], "`t1` must be a positive finite number; got nan"),
+        (["--kappa", "0.5"], "`kappa` must be >= 1; got 0.5"),
+        (["--v-scale", "inf"], "`v_scale` must be finite; got inf"),
+        (["--threshold", "1.5"], r"`threshold` must be in \(0, 1\]; got 1.5"),
+    ],
+)
+def test_bad_input_one_line_and_exit_2(args, message, tmp_path, capsys):
+    assert main(["sweep", *args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("polarize: error: ")
+    assert __import__("re").search(message, err), err
+    assert not (tmp_path / "x").exists()
+
+
+def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "something").write_text("x")
+    assert main(["sweep", *SMALL, "--out", str(out)]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert main(["sweep", *SMALL, "--out", str(out), "--overwrite"]) == 0
+
+
+def test_entry_point_exits_nonzero_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "polarize.cli", "sweep", "--norm", "nope", "--out", str(tmp_path / "y")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("polarize: error: `norm` must be one of")

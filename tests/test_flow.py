@@ -1,0 +1,149 @@
+"""The flow against scipy, at long horizons, and its per-initialization failure reports."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import polarize as pz
+
+
+def scipy_reduced(u0, a0, ts):
+    """The logistic-direction softmax flow in (u, a), written by hand, in log-time, by scipy."""
+
+    def field(tau, y):
+        u, a = y[: u0.size], y[u0.size :]
+        s = np.exp(a - a.max())
+        s /= s.sum()
+        g = 1.0 / (1.0 + np.exp(u @ s))
+        return np.exp(tau) * np.concatenate([g * s, g * s * (u - s @ u)])
+
+    taus = np.log1p(ts)
+    sol = solve_ivp(
+        field, (0.0, taus[-1]), np.concatenate([u0, a0]), method="DOP853", t_eval=taus, rtol=1e-12, atol=1e-14
+    )
+    assert sol.success
+    return sol.y[: u0.size].T, sol.y[u0.size :].T
+
+
+@pytest.mark.parametrize("path", ["reduced", "autodiff"])
+def test_flow_matches_scipy_up_to_1e6(path):
+    model = pz.init_ensemble(0, 3, tokens=5, dim=4, v_scale=0.5)
+    obj = pz.random_direction(1, 4)
+    ts = np.array([0.0, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6])
+    traj = pz.flow(model, obj, t1=1e6, ts=ts, rtol=1e-11, atol=1e-13, path=path)
+    assert bool(np.all(traj.ok))
+    np.testing.assert_allclose(traj.ts, ts, rtol=1e-12)
+    for i in range(3):
+        u0 = np.asarray(model.V[i]).T @ np.asarray(obj.b)
+        u_ref, a_ref = scipy_reduced(u0, np.asarray(model.a[i]), ts)
+        u = np.einsum("tdk,d->tk", np.asarray(traj.V[i]), np.asarray(obj.b))
+        np.testing.assert_allclose(u, u_ref, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(traj.a[i], a_ref, rtol=1e-7, atol=1e-9)
+
+
+def test_linear_clock_agrees_with_log_clock():
+    model = pz.init_ensemble(2, 2, tokens=4, dim=3)
+    obj = pz.random_direction(3, 3)
+    kw = dict(t1=30.0, n_save=5, rtol=1e-11, atol=1e-13)
+    lin, log = pz.flow(model, obj, clock="linear", **kw), pz.flow(model, obj, **kw)
+    np.testing.assert_allclose(lin.weights, log.weights, atol=1e-8)
+
+
+def test_horizon_1e30_takes_few_steps_and_stays_finite():
+    model = pz.init_ensemble(0, 4, tokens=8, dim=8)
+    traj = pz.flow(model, pz.random_direction(1, 8), t1=1e30, n_save=16)
+    assert bool(np.all(traj.ok))
+    assert int(np.max(traj.steps)) < 500  # log-time: a few hundred steps, not 1e30 / dt
+    s_max = np.max(traj.weights[:, -1], axis=-1)
+    assert np.all(s_max > 0.999) and np.all(s_max < 1)
+    assert np.all(np.isfinite(traj.V))
+
+
+def test_stiff_solver_can_be_chosen():
+    model = pz.init_ensemble(0, 2, tokens=4, dim=3)
+    obj = pz.conditioned_regression(0, 3, 3, 2.0)
+    ref = pz.flow(model, obj, t1=20.0, n_save=4, rtol=1e-10, atol=1e-12)
+    stiff = pz.flow(model, obj, t1=20.0, n_save=4, solver=diffrax.Kvaerno5(), rtol=1e-8, atol=1e-10)
+    assert bool(np.all(stiff.ok))
+    np.testing.assert_allclose(stiff.weights, ref.weights, atol=1e-6)
+
+
+def test_failure_is_per_initialization():
+    """One initialization that cannot finish within max_steps fails alone; the rest are untouched."""
+    model = pz.init_ensemble(0, 4, tokens=4, dim=3, v_scale=0.1)
+    V = model.V.at[2].multiply(300.0)  # a fast, stiff outlier under the square loss
+    model = pz.ValueAttention(V, model.a, "softmax")
+    obj = pz.conditioned_regression(0, 3, 3, 1.0)
+    traj = pz.flow(model, obj, t1=10.0, n_save=4, max_steps=200)
+    assert list(np.asarray(traj.ok)) == [True, True, False, True]
+    assert int(traj.status[2]) != 0 and int(traj.status[0]) == 0
+    alone = pz.flow(pz.ValueAttention(model.V[:2], model.a[:2]), obj, t1=10.0, n_save=4, max_steps=200)
+    np.testing.assert_array_equal(alone.weights, traj.weights[:2])
+    s = pz.summarize(traj, obj)
+    assert s.aggregates["n_failed"] == 1 and s.aggregates["n_inits"] == 4
+
+
+def test_single_initialization_has_no_batch_axis():
+    m = pz.init_ensemble(0, 1, tokens=4, dim=3)
+    single = pz.ValueAttention(m.V[0], m.a[0])
+    traj = pz.flow(single, pz.random_direction(0, 3), t1=10.0, n_save=5)
+    assert traj.weights.shape == (5, 4) and traj.V.shape == (5, 3, 4) and traj.ok.shape == ()
+
+
+def test_batch_composition_does_not_change_results():
+    """Initialization i is the same, bit for bit, in batches of 10 and 1000."""
+    obj = pz.random_direction(7, 8)
+    big = pz.flow(pz.init_ensemble(5, 1000, tokens=8, dim=8), obj, t1=1e4, n_save=8)
+    small = pz.flow(pz.init_ensemble(5, 10, tokens=8, dim=8), obj, t1=1e4, n_save=8)
+    np.testing.assert_array_equal(small.V, big.V[:10])
+    np.testing.assert_array_equal(small.a, big.a[:10])
+    offset = pz.init_ensemble(5, 10, tokens=8, dim=8, start=990)
+    np.testing.assert_array_equal(offset.V, pz.init_ensemble(5, 1000, tokens=8, dim=8).V[990:])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(t1=-1.0), r"`t1` must be greater than `t0`, got t0=0.0, t1=-1.0|`t1` must be greater"),
+        (dict(t1=1.0, t0=2.0), "`t1` must be greater than `t0`"),
+        (dict(t1=float("nan")), "`t1` must be finite"),
+        (dict(t1=1.0, n_save=0), "`n_save` must be a positive integer"),
+        (dict(t1=1.0, ts=[0.5, 0.1]), "`ts` must be non-decreasing"),
+        (dict(t1=1.0, clock="loglog"), "`clock` must be one of log, linear"),
+    ],
+)
+def test_bad_flow_arguments(kwargs, message):
+    m = pz.init_ensemble(0, 2, tokens=3, dim=2)
+    with pytest.raises(pz.PolarizeError, match=message):
+        pz.flow(m, pz.random_direction(0, 2), **kwargs)
+
+
+def test_bad_model_inputs():
+    with pytest.raises(pz.PolarizeError, match="`a` must have shape"):
+        pz.ValueAttention(jnp.ones((3, 4)), jnp.ones(5))
+    with pytest.raises(pz.PolarizeError, match="`V` contains NaN"):
+        pz.ValueAttention(jnp.full((3, 4), jnp.nan), jnp.ones(4))
+    with pytest.raises(pz.PolarizeError, match="different numbers of initializations"):
+        pz.flow(pz.init_ensemble(0, 3, tokens=3, dim=2), pz.LogisticDirection(jnp.ones((2, 2))), t1=1.0)
+    with pytest.raises(pz.PolarizeError, match="`tokens` must be a positive integer"):
+        pz.init_ensemble(0, 3, tokens=0, dim=2)
+    with pytest.raises(pz.PolarizeError, match="`b` must be non-zero"):
+        pz.LogisticDirection(jnp.zeros(3))
+    with pytest.raises(pz.PolarizeError, match=r"`X` of shape \(samples, dim\) needs `y`"):
+        pz.Square(jnp.ones((4, 3)), jnp.ones(5))
+    with pytest.raises(pz.PolarizeError, match="`p` must be a probability vector"):
+        pz.CrossEntropy(jnp.array([0.5, 0.7]))
+    with pytest.raises(pz.PolarizeError, match="labels -1 or \\+1"):
+        pz.LogisticData(jnp.ones((2, 3)), jnp.array([0.0, 1.0]))
+    with pytest.raises(pz.PolarizeError, match="`kappa` must be >= 1"):
+        pz.conditioned_regression(0, 3, 3, 0.5)
+
+
+def test_kappa_is_the_condition_number():
+    X = np.asarray(pz.conditioned_regression(0, 20, 20, 5.0).X)
+    sv = np.linalg.svd(X, compute_uv=False)
+    np.testing.assert_allclose(sv, np.linspace(1, 0.2, 20), rtol=1e-10)
+    assert jax.numpy.isclose(sv[0] / sv[-1], 5.0)
