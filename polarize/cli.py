@@ -22,49 +22,116 @@ def _add_sweep(sub) -> None:
         "sweep",
         help="Monte-Carlo study of polarization over many initializations",
         description="Run many initializations of the value-attention model under one setting "
-        "and write config.json, summary.json, per-initialization arrays and weights.png. "
-        "Defaults are the paper's logistic toy (softmax, T = d = 8, exact flow to t = 1e5).",
+        "and write config.json, summary.json, per-initialization arrays and figures. "
+        "Defaults are the paper's logistic toy (softmax, T = d = 8, exact flow to t = 1e5). "
+        "Finished chunks are saved as they complete; --resume DIR continues an interrupted run.",
     )
-    add = p.add_argument
-    add("--objective", default=d.objective, help=f"one of {', '.join(OBJECTIVES)} (default %(default)s)")
-    add("--norm", default=d.norm, help=f"one of {', '.join(NORMALIZATIONS)} (default %(default)s)")
-    add("--temperature", type=float, default=d.temperature, help="softmax temperature")
-    add("--sink", type=float, default=d.sink, help="softmax1 sink logit c")
-    add("--tokens", type=int, default=d.tokens, help="T, number of tokens")
-    add("--dim", type=int, default=d.dim, help="d, value dimension")
-    add("--samples", type=int, default=d.samples, help="data points for logistic-data/square")
-    add("--kappa", type=float, default=d.kappa, help="condition number of X (square loss)")
-    add("--inits", type=int, default=d.inits, help="number of initializations")
-    add("--method", default=d.method, help=f"one of {', '.join(METHODS)}: exact flow or gradient descent")
-    add("--t1", type=float, default=d.t1, help="flow horizon")
-    add("--rtol", type=float, default=d.rtol)
-    add("--atol", type=float, default=d.atol)
-    add("--solver", default=d.solver, help=f"one of {', '.join(SOLVERS)}")
-    add("--lr", type=float, default=d.lr, help="GD learning rate")
-    add("--steps", type=int, default=d.steps, help="GD steps")
-    add("--v-scale", type=float, default=d.v_scale, help="V(0) ~ v_scale N(0,1)")
-    add("--a-scale", type=float, default=d.a_scale, help="a(0) ~ a_offset + a_scale N(0,1)")
-    add("--a-offset", type=float, default=d.a_offset)
-    add("--seed", type=int, default=d.seed)
-    add("--n-save", type=int, default=d.n_save, help="saved times (log-spaced)")
-    add("--threshold", type=float, default=d.threshold, help="one-hot threshold on max weight")
-    add("--chunk-size", type=int, default=d.chunk_size, help="initializations per chunk")
-    add("--out", type=Path, default=None, help="output folder (default runs/sweep-<time>)")
-    add("--overwrite", action="store_true", help="allow a non-empty --out")
+
+    def add(flag, kind=None, help="", **kw):
+        name = flag.lstrip("-").replace("-", "_")
+        default = getattr(d, name)
+        # default None: lets --resume tell settings given on the command line from defaults
+        p.add_argument(flag, type=kind, default=None, help=f"{help} (default {default})".strip(), **kw)
+
+    add("--objective", str, f"one of {', '.join(OBJECTIVES)}")
+    add("--norm", str, f"one of {', '.join(NORMALIZATIONS)}")
+    add("--temperature", float, "softmax temperature")
+    add("--sink", float, "softmax1 sink logit c")
+    add("--tokens", int, "T, number of tokens")
+    add("--dim", int, "d, value dimension")
+    add("--samples", int, "data points for logistic-data/square (None: 4d resp. d)")
+    add("--kappa", float, "condition number of X (square loss)")
+    add("--inits", int, "number of initializations")
+    add("--method", str, f"one of {', '.join(METHODS)}: exact flow or gradient descent")
+    add("--t1", float, "flow horizon")
+    add("--rtol", float, "flow relative tolerance")
+    add("--atol", float, "flow absolute tolerance")
+    add("--solver", str, f"one of {', '.join(SOLVERS)}")
+    add("--lr", float, "GD learning rate")
+    add("--steps", int, "GD steps")
+    add("--v-scale", float, "V(0) ~ v_scale N(0,1)")
+    add("--a-scale", float, "a(0) ~ a_offset + a_scale N(0,1)")
+    add("--a-offset", float, "a(0) offset")
+    add("--seed", int, "the i-th initialization derives from (seed, i)")
+    add("--n-save", int, "saved times per trajectory (log-spaced)")
+    add("--snapshots", int, "saved times kept per initialization for figures")
+    add("--threshold", float, "one-hot threshold on max weight")
+    add("--chunk-size", int, "initializations per chunk written to disk")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/sweep-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--resume", type=Path, default=None, metavar="DIR", help="continue the run in DIR")
+    p.add_argument("--sample", type=int, default=0, help="keep full trajectories of the first N inits")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 
 
 def _sweep(args) -> int:
     import dataclasses
 
-    from .sweep import SweepConfig, result_line, run_sweep
+    from .sweep import SweepConfig, result_line, run_sweep, stored_config
 
     names = {f.name for f in dataclasses.fields(SweepConfig)}
-    config = SweepConfig(**{k: v for k, v in vars(args).items() if k in names})
-    out = args.out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
-    summary = run_sweep(config, out, overwrite=args.overwrite)
-    print(result_line(config, summary))
-    print(f"results: {out}")
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if args.resume is not None:
+        if args.out is not None and Path(args.out) != Path(args.resume):
+            raise PolarizeError("give either `--out` or `--resume`, not both with different folders")
+        out = args.resume
+        config = dataclasses.replace(stored_config(out), **given)
+    else:
+        out = args.out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
+        config = SweepConfig(**given)
+    summary = run_sweep(
+        config,
+        out,
+        overwrite=args.overwrite,
+        resume=args.resume is not None,
+        progress=not args.no_progress,
+        sample=args.sample,
+    )
+    if summary:
+        print(result_line(config, summary))
+        print(f"results: {out}")
+    return 0
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="redraw every figure of a sweep or study folder from stored results",
+        description="Regenerate figures from a finished sweep or study folder without recomputing.",
+    )
+    p.add_argument("dir", type=Path, help="a sweep or study folder")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from .report import report
+
+    for path in report(args.dir):
+        print(path)
+    return 0
+
+
+def _add_study(sub) -> None:
+    p = sub.add_parser(
+        "study",
+        help="run a grid of sweeps from a TOML file, with a table and a comparison figure",
+        description="Run every cell of the grid in FILE.toml as a resumable sweep, then write "
+        "study.csv and a comparison figure. Rerunning continues where it stopped.",
+    )
+    p.add_argument("file", type=Path, help="study file (TOML), see examples/*.toml")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/<study name>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_study)
+
+
+def _study(args) -> int:
+    from .study import load_study, run_study
+
+    study = load_study(args.file)
+    out = args.out or Path("runs") / study.name
+    table = run_study(study, out, progress=not args.no_progress)
+    print(f"{len(table)} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
     return 0
 
 
@@ -75,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sweep(sub)
+    _add_study(sub)
+    _add_report(sub)
     for register in SUBCOMMANDS:
         register(sub)
     return parser
@@ -86,7 +155,10 @@ def main(argv=None) -> int:
     try:
         import jax
 
+        from .devices import enable_compilation_cache
+
         jax.config.update("jax_enable_x64", True)
+        enable_compilation_cache()
         return args.func(args)
     except PolarizeError as e:
         print(f"polarize: error: {e}", file=sys.stderr)

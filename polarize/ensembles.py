@@ -53,27 +53,38 @@ def ensemble_size(model, objective) -> int | None:
     return sizes.pop() if sizes else None
 
 
+def blockwise(fn, tree, *, block_size: int | None = None):
+    """fn applied to each initialization of `tree` (leading axis), in fixed blocks.
+
+    `fn` takes and returns single-initialization pytrees. The batch is padded to
+    whole blocks of `block_size` (with copies of the first initialization, so no
+    NaN appears), vmapped inside a block and mapped over blocks.
+    """
+    n = jax.tree.leaves(tree)[0].shape[0]
+    size = block_size or BLOCK_SIZE
+    n_blocks = -(-n // size)
+
+    def to_blocks(x):
+        pad = jnp.repeat(x[:1], n_blocks * size - n, axis=0)
+        return jnp.concatenate([x, pad]).reshape((n_blocks, size) + x.shape[1:])
+
+    out = jax.lax.map(jax.vmap(fn), jax.tree.map(to_blocks, tree))
+    return jax.tree.map(lambda x: x.reshape((n_blocks * size,) + x.shape[2:])[:n], out)
+
+
 def over_inits(fn, model, objective, *args, block_size: int | None = None):
     """fn(model, objective, *args) for every initialization (args are shared).
 
     Runs in blocks of `block_size` (default `BLOCK_SIZE`); see the module docstring.
     """
-    n = ensemble_size(model, objective)
-    if n is None:
+    if ensemble_size(model, objective) is None:
         return fn(model, objective, *args)
-    size = block_size or BLOCK_SIZE
-    n_blocks = -(-n // size)
     is_none = lambda x: x is None
     batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
     dynamic, static = eqx.partition((model, objective), batched)
-
-    def to_blocks(x):
-        pad = jnp.repeat(x[:1], n_blocks * size - n, axis=0)  # valid data, never NaN
-        return jnp.concatenate([x, pad]).reshape((n_blocks, size) + x.shape[1:])
 
     def one(dyn):
         m, o = eqx.combine(dyn, static)
         return fn(m, o, *args)
 
-    out = jax.lax.map(jax.vmap(one), jax.tree.map(to_blocks, dynamic))
-    return jax.tree.map(lambda x: x.reshape((n_blocks * size,) + x.shape[2:])[:n], out)
+    return blockwise(one, dynamic, block_size=block_size)

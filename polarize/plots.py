@@ -19,10 +19,10 @@ def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
     """Median and 10-90% band of max weight and entropy against time (log axis)."""
-    ts = np.asarray(arrays["ts"])
+    ts = np.asarray(arrays.get("snap_ts", arrays["ts"]))
     keep = ts > 0  # a log axis cannot show t = 0
     ok = arrays["ok"]
-    unit = "t (gradient-flow time)" if config.method == "flow" else f"t = step x lr (lr={config.lr:g})"
+    unit = _time_label(config)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     panels = [
         ("series_max_weight", "max weight  max_j p_j", (0, 1.02), 1.0 / config.tokens, "uniform 1/T"),
@@ -49,3 +49,74 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def _time_label(config) -> str:
+    return "t (gradient-flow time)" if config.method == "flow" else f"t = step x lr (lr={config.lr:g})"
+
+
+def plot_entropy_histogram(arrays: dict, config, path: Path) -> Path:
+    """Histogram of the final entropy over the non-failed initializations."""
+    ok = np.asarray(arrays["ok"], bool)
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    ax.hist(arrays["final_entropy"][ok], bins=50, range=(0, np.log(config.tokens)), color="C0")
+    ax.axvline(np.log(config.tokens), color="gray", ls=":", label="uniform log T")
+    ax.set_xlabel("final entropy H(p) [nats]")
+    ax.set_ylabel("initializations")
+    ax.set_title(f"final entropy, {ok.sum()} inits ({config.norm}/{config.objective})")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_winner_histogram(arrays: dict, config, path: Path) -> Path:
+    """How often each token ends with the largest weight."""
+    ok = np.asarray(arrays["ok"], bool)
+    counts = np.bincount(arrays["final_winner"][ok].astype(int), minlength=config.tokens)
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    ax.bar(np.arange(config.tokens), counts, color="C1")
+    ax.axhline(ok.sum() / config.tokens, color="gray", ls=":", label="uniform")
+    ax.set_xlabel("winning token index j = argmax p_j at the final time")
+    ax.set_ylabel("initializations")
+    ax.set_title("winner index")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(times, fraction of non-failed initializations with max weight >= threshold)."""
+    ok = np.asarray(arrays["ok"], bool)
+    mw = np.asarray(arrays["series_max_weight"])[ok]
+    frac = (mw >= threshold).mean(axis=0) if mw.shape[0] else np.full(mw.shape[1], np.nan)
+    return np.asarray(arrays.get("snap_ts", arrays["ts"])), frac
+
+
+def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
+    """Fraction of initializations whose max weight is above the threshold, against time."""
+    ts, frac = one_hot_fraction(arrays, config.threshold)
+    keep = ts > 0
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    ax.plot(ts[keep], frac[keep], marker=".")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(_time_label(config))
+    ax.set_ylabel(f"fraction with max weight >= {config.threshold:g}")
+    ax.set_title("one-hot fraction against time")
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
+    """Every figure of a sweep folder, from its stored arrays."""
+    out = Path(out)
+    return [
+        plot_bands(arrays, config, out / "weights.png"),
+        plot_entropy_histogram(arrays, config, out / "entropy_hist.png"),
+        plot_winner_histogram(arrays, config, out / "winners.png"),
+        plot_one_hot_fraction(arrays, config, out / "one_hot_fraction.png"),
+    ]

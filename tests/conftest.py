@@ -2,3 +2,8 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import os  # noqa: E402
+
+# Tests never write the CLI's persistent compilation cache into the user's home.
+os.environ.setdefault("POLARIZE_NO_CACHE", "1")

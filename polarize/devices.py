@@ -1,0 +1,94 @@
+"""Using every device and every process JAX is given, with JAX's own machinery only.
+
+- Devices: a batch of initializations is split over the local devices with
+  `jax.shard_map`; each device runs its own adaptive solver loop on its share
+  (no lockstep across devices) through the same fixed-block program, so results
+  are bit-identical for any device count. On CPU, try it with
+  `XLA_FLAGS=--xla_force_host_platform_device_count=2`.
+- Processes: after `jax.distributed.initialize()`, process p of P takes the
+  chunks whose index is p mod P (`my_chunks`); a barrier
+  (`multihost_utils.sync_global_devices`) lets process 0 assemble the results.
+- Compilation cache: the CLI keeps compiled programs in a persistent cache
+  (`cache_dir()`), so repeated calls skip recompilation.
+"""
+
+import os
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from .ensembles import batch_axes
+
+AXIS = "inits"
+
+
+def over_devices(fn, model, objective, devices=None):
+    """fn(model, objective) on a batched model, its initializations split over devices.
+
+    `fn` must return a pytree of arrays whose leading axis is the initialization.
+    The objective is shared (replicated) unless it is batched like the model.
+    """
+    devices = list(devices or jax.local_devices())
+    n = model.batch_size
+    if n is None:
+        raise ValueError("over_devices needs a batched model")
+    if len(devices) == 1:
+        return fn(model, objective)
+    k = len(devices)
+    per = -(-n // k)
+    is_none = lambda x: x is None
+    batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
+    dynamic, static = eqx.partition((model, objective), batched)
+
+    def pad(x):  # pad with copies of initialization 0: valid numbers, sliced off below
+        return jnp.concatenate([x, jnp.repeat(x[:1], per * k - n, axis=0)])
+
+    def local(dyn):
+        m, o = eqx.combine(dyn, static)
+        return fn(m, o)
+
+    mesh = Mesh(np.array(devices), (AXIS,))
+    sharded = jax.shard_map(
+        local, mesh=mesh, in_specs=(PartitionSpec(AXIS),), out_specs=PartitionSpec(AXIS), check_vma=False
+    )
+    out = jax.jit(sharded)(jax.tree.map(pad, dynamic))
+    return jax.tree.map(lambda x: x[:n], out)
+
+
+def my_chunks(n_chunks: int) -> list[int]:
+    """The chunk indices this process computes: i with i mod process_count == process_index."""
+    return [i for i in range(n_chunks) if i % jax.process_count() == jax.process_index()]
+
+
+def barrier(name: str) -> None:
+    """Wait for every process (a no-op with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def cache_dir() -> Path | None:
+    """Where the CLI keeps compiled programs: $POLARIZE_CACHE_DIR or ~/.cache/polarize/jax.
+
+    None (no persistent cache) when POLARIZE_NO_CACHE is set to a non-empty value.
+    """
+    if os.environ.get("POLARIZE_NO_CACHE"):
+        return None
+    return Path(os.environ.get("POLARIZE_CACHE_DIR", Path.home() / ".cache" / "polarize" / "jax"))
+
+
+def enable_compilation_cache() -> Path | None:
+    """Turn on JAX's persistent compilation cache at `cache_dir()` (if not disabled)."""
+    path = cache_dir()
+    if path is None:
+        return None
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path

@@ -1,0 +1,25 @@
+"""`polarize report DIR`: redraw every figure of a sweep or study folder from stored results."""
+
+from pathlib import Path
+
+from .errors import PolarizeError
+from .plots import sweep_figures
+from .storage import read_json
+from .sweep import load
+
+
+def report(folder) -> list[Path]:
+    """Regenerate the figures of a finished sweep or study; returns their paths. Nothing is recomputed."""
+    folder = Path(folder)
+    if (folder / "study.json").exists():
+        from .study import Study, plot_study
+
+        study = Study(**read_json(folder / "study.json"))
+        paths = []
+        for name, _ in study.cells():
+            paths += report(folder / "cells" / name)
+        return paths + [plot_study(study, folder)]
+    if (folder / "config.json").exists():
+        run = load(folder)
+        return sweep_figures(run["arrays"], run["config"], folder)
+    raise PolarizeError(f"`dir` {folder} is neither a sweep folder (config.json) nor a study (study.json)")

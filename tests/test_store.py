@@ -1,0 +1,110 @@
+"""Durable runs: SIGKILL and resume, damaged chunks, config mismatch, chunk sizes and devices."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polarize as pz
+from polarize.cli import main
+
+ARGS = ["--tokens", "4", "--dim", "3", "--t1", "1e3", "--n-save", "8", "--no-progress"]
+ENV = {**os.environ, "POLARIZE_NO_CACHE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+
+
+def per_init(folder) -> dict:
+    return dict(np.load(Path(folder) / "per_init.npz", allow_pickle=False))
+
+
+def assert_same_results(a, b):
+    x, y = per_init(a), per_init(b)
+    assert sorted(x) == sorted(y)
+    for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of 5120 initializations in 40 chunks."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "128", "--out", str(out)]) == 0
+    return out
+
+
+def test_sigkill_then_resume_is_bit_identical(reference, tmp_path, capsys):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "polarize.cli", "sweep", *ARGS, "--inits", "5120", "--chunk-size", "128"]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not (out / "chunks" / "chunk-000001.npz").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline, "no chunk appeared in time"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list((out / "chunks").glob("chunk-*.npz")))
+    assert not (out / "summary.json").exists() and 2 <= done < 40  # killed mid-run
+    assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
+    assert "5120 inits, 0 failed" in capsys.readouterr().out
+    assert_same_results(out, reference)
+
+
+def test_damaged_chunk_is_detected_and_recomputed(reference, tmp_path):
+    out = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(reference, out)
+    chunk = out / "chunks" / "chunk-000003.npz"
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])  # truncated
+    (out / "chunks" / "chunk-000007.npz").unlink()  # missing
+    (out / "summary.json").unlink()
+    (out / "per_init.npz").unlink()
+    store_before = {p.name: p.stat().st_mtime_ns for p in (out / "chunks").glob("*.npz")}
+    assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "chunks").glob("*.npz")}
+    rewritten = sorted(n for n in after if after[n] != store_before.get(n))
+    assert rewritten == ["chunk-000003.npz", "chunk-000007.npz"]  # only those were recomputed
+    assert_same_results(out, reference)
+
+
+def test_resume_with_a_different_config_is_refused(reference, capsys):
+    assert main(["sweep", "--resume", str(reference), "--tokens", "5", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("polarize: error: `--resume`") and "tokens=4 (requested 5)" in err
+    assert main(["sweep", "--resume", str(reference.parent / "nothing"), "--no-progress"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_results_do_not_depend_on_chunk_size(reference, tmp_path):
+    out = tmp_path / "big-chunks"
+    assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "1000", "--out", str(out)]) == 0
+    assert_same_results(out, reference)
+
+
+def test_results_do_not_depend_on_device_count(tmp_path):
+    """Two forced host devices give the same numbers, bit for bit, as one."""
+    script = (
+        "import jax, numpy as np, sys; jax.config.update('jax_enable_x64', True)\n"
+        "from polarize.sweep import SweepConfig, run_chunk\n"
+        "c = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=300)\n"
+        "assert jax.local_device_count() == int(sys.argv[2]), jax.devices()\n"
+        "np.savez(sys.argv[1], **run_chunk(c, 0, 300))\n"
+    )
+    for k in (1, 2):
+        env = {**ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={k}"}
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"d{k}.npz"), str(k)], env=env, check=True)
+    one, two = np.load(tmp_path / "d1.npz"), np.load(tmp_path / "d2.npz")
+    for k in one.files:
+        np.testing.assert_array_equal(one[k], two[k], err_msg=k)
+
+
+def test_load_returns_config_arrays_and_summary(reference):
+    run = pz.load(reference)
+    assert run["config"].inits == 5120 and run["summary"]["n_inits"] == 5120
+    assert run["arrays"]["final_max_weight"].shape == (5120,)
+    assert run["arrays"]["series_max_weight"].shape[0] == 5120
