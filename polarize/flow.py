@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import ensembles
 from .dynamics import Path, System, choose_path
 from .ensembles import ensemble_size, over_inits
 from .errors import PolarizeError, check_choice, check_positive
@@ -22,6 +23,32 @@ from .objectives import AbstractObjective
 from .trajectory import Trajectory, all_finite, observe
 
 Clock = Literal["log", "linear"]
+Precision = Literal["float32", "float64"]
+
+
+def at_precision(tree, precision: Precision | None):
+    """`tree` with every floating array cast to `precision` (unchanged when None).
+
+    float32 halves memory and is faster, at an accuracy cost measured in
+    benchmarks/RESULTS.md; float64 needs `jax_enable_x64`.
+    """
+    if precision is None:
+        return tree
+    check_choice("precision", precision, ("float32", "float64"))
+    if precision == "float64" and not jax.config.jax_enable_x64:
+        raise PolarizeError("`precision='float64'` needs jax.config.update('jax_enable_x64', True)")
+    dtype = jnp.dtype(precision)
+
+    def cast(x):
+        floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating else x
+
+    return jax.tree.map(cast, tree)
+
+
+def float_dtype(model: AbstractModel):
+    """The floating dtype the model's trainable arrays share (the dtype of the flow)."""
+    return jnp.result_type(*(getattr(model, name) for name in model.trainable))
 
 
 def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
@@ -62,6 +89,8 @@ def flow(
     clock: Clock = "log",
     path: Path = "auto",
     adjoint: diffrax.AbstractAdjoint | None = None,
+    precision: Precision | None = None,
+    block_size: int | None = None,
 ) -> Trajectory:
     """Integrate dtheta/dt = -grad L(theta) from t0 to t1 for every initialization.
 
@@ -77,6 +106,10 @@ def flow(
         clock: "log" integrates in tau = log(1 + t), "linear" in t itself.
         path: vector-field form, see `polarize.dynamics` ("auto" picks the cheapest).
         adjoint: diffrax adjoint for gradients through the solve (default: checkpointed).
+        precision: "float32" or "float64" casts model and objective first; None (default)
+            keeps the model's dtype (an ensemble built in float32 flows in float32).
+        block_size: initializations per vmapped block (default `ensembles.BLOCK_SIZE`);
+            results are bit-identical for a fixed block size whatever the batch size.
 
     Returns:
         A `Trajectory`. A failed initialization gets ok=False and its diffrax result
@@ -88,7 +121,10 @@ def flow(
     check_positive("rtol", rtol)
     check_positive("atol", atol)
     _check_times(t0, t1, ts)
+    precision = precision or jnp.dtype(float_dtype(model)).name  # the objective follows the model
+    model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)
+    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
     form = choose_path(model, objective, path)
     solver = diffrax.Tsit5() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
@@ -97,7 +133,7 @@ def flow(
             ts = jnp.expm1(jnp.linspace(jnp.log1p(t0), jnp.log1p(t1), n_save))
         else:
             ts = save_times(t1, n_save, t0)
-    ts = jnp.asarray(ts, dtype=jnp.result_type(float))
+    ts = jnp.asarray(ts, dtype=float_dtype(model))
     return _flow(
         model,
         objective,
@@ -111,17 +147,18 @@ def flow(
         max_steps,
         clock,
         adjoint,
+        block_size,
     )
 
 
 @eqx.filter_jit
-def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint):
+def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint, block_size):
     log = clock == "log"
     to_solver = jnp.log1p if log else (lambda t: t)
 
     def vector_field(s, y, args):
-        model, objective = args
-        dy = system.field(y, model, objective)
+        model, objective, constants = args
+        dy = system.field(y, model, objective, constants)
         if log:
             return jax.tree.map(lambda d: jnp.exp(s) * d, dy)
         return dy
@@ -135,7 +172,7 @@ def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, c
             t1=to_solver(t1),
             dt0=None,
             y0=y0,
-            args=(model, objective),
+            args=(model, objective, system.constants(model, objective)),
             saveat=diffrax.SaveAt(ts=to_solver(ts)),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
@@ -149,7 +186,9 @@ def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, c
         status = jnp.where(solved & ~ok, -1, _result_code(sol.result))
         return trainable, weights, loss, ok, status, sol.stats["num_accepted_steps"]
 
-    (V, a), weights, loss, ok, status, steps = over_inits(solve_one, model, objective, ts, t0, t1)
+    (V, a), weights, loss, ok, status, steps = over_inits(
+        solve_one, model, objective, ts, t0, t1, block_size=block_size
+    )
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=steps)
 
 
