@@ -128,6 +128,7 @@ def flow(
     form = choose_path(model, objective, path)
     solver = diffrax.Tsit5() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    ends_only = ts is None and n_save == 2  # save t0 and t1 only: no dense interpolation
     if ts is None:
         if isinstance(t1, jax.core.Tracer) or isinstance(t0, jax.core.Tracer):
             ts = jnp.expm1(jnp.linspace(jnp.log1p(t0), jnp.log1p(t1), n_save))
@@ -148,11 +149,14 @@ def flow(
         clock,
         adjoint,
         block_size,
+        ends_only,
     )
 
 
 @eqx.filter_jit
-def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint, block_size):
+def _flow(
+    model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint, block_size, ends_only
+):
     log = clock == "log"
     to_solver = jnp.log1p if log else (lambda t: t)
 
@@ -173,7 +177,7 @@ def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, c
             dt0=None,
             y0=y0,
             args=(model, objective, system.constants(model, objective)),
-            saveat=diffrax.SaveAt(ts=to_solver(ts)),
+            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=to_solver(ts)),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
             adjoint=adjoint,
