@@ -64,13 +64,14 @@ def _check_times(t0, t1, ts):
             raise PolarizeError(f"`{name}` must be finite; got {name}={value!r}")
     if not isinstance(t0, jax.core.Tracer) and t0 < 0:
         raise PolarizeError(f"`t0` must be >= 0; got t0={t0!r}")
-    if not any(isinstance(v, jax.core.Tracer) for v in (t0, t1)) and not t1 > t0:
+    if not any(isinstance(v, jax.core.Tracer) for v in (t0, t1)) and not float(t1) > float(t0):
         raise PolarizeError(f"`t1` must be greater than `t0`; got t0={t0!r}, t1={t1!r}")
-    if ts is not None and not isinstance(ts, jax.core.Tracer):
+    traced = any(isinstance(v, jax.core.Tracer) for v in (t0, t1, ts))
+    if ts is not None and not traced:
         ts_np = np.asarray(ts, dtype=float)
         if ts_np.ndim != 1 or ts_np.size == 0 or not np.all(np.isfinite(ts_np)):
             raise PolarizeError("`ts` must be a non-empty 1-D array of finite times")
-        if np.any(np.diff(ts_np) < 0) or ts_np[0] < t0 or ts_np[-1] > t1:
+        if np.any(np.diff(ts_np) < 0) or ts_np[0] < float(t0) or ts_np[-1] > float(t1):
             raise PolarizeError(f"`ts` must be non-decreasing and lie in [t0, t1] = [{t0}, {t1}]")
 
 
@@ -169,6 +170,8 @@ def _flow(
 
     def solve_one(model, objective, ts, t0, t1):
         y0 = system.initial(model, objective)
+        # log1p(expm1(x)) can exceed x by one ulp, and diffrax rejects a save time past t1.
+        save_at = jnp.clip(to_solver(ts), to_solver(t0), to_solver(t1))
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(vector_field),
             solver,
@@ -177,7 +180,7 @@ def _flow(
             dt0=None,
             y0=y0,
             args=(model, objective, system.constants(model, objective)),
-            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=to_solver(ts)),
+            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=save_at),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
             adjoint=adjoint,
