@@ -128,7 +128,8 @@ def head_table(attention, eps: float = SINK_EPS) -> dict:
 def format_table(table: dict, eps: float = SINK_EPS) -> str:
     """The table of `head_table` as aligned text, one line per (layer, head)."""
     cols = [c for c in ("bos_share", "sparsity", "entropy", "alpha0") if c in table]
-    lines = ["layer head " + " ".join(f"{c:>9}" for c in cols) + (f" sink>{eps}" if "sink" in table else "")]
+    header = "layer head " + " ".join(f"{c:>9}" for c in cols)
+    lines = [header + (f" sink>{eps}" if "sink" in table else "")]
     layers, heads = table["bos_share"].shape
     for layer in range(layers):
         for head in range(heads):

@@ -1,7 +1,9 @@
 """Transformer lab: normalizations against NumPy loops, masking, data invariants, learning, CLI."""
 
 import argparse
+import json
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -9,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from polarize import storage
 from polarize.errors import PolarizeError
-from polarize.transformer import tasks, train
+from polarize.transformer import experiments, tasks, train
 from polarize.transformer.attention import NORMALIZATIONS, make_normalization
 from polarize.transformer.model import Transformer
 
@@ -155,7 +158,8 @@ def test_classification_data_and_attack_invariants():
     assert np.all(changed.sum(1)[la != np.asarray(lb)] == 1)  # a foreign token always lands
     assert np.all((hit == top[:, None]).any(1))
     xc, lc = tasks.classification(jax.random.key(5), 100, labels=(la + 1) % 4)
-    assert np.all(np.asarray(lc) == (la + 1) % 4) and np.all(np.asarray(xc)[:, :-1] // 10 == lc[:, None])
+    lc = np.asarray(lc)
+    assert np.all(lc == (la + 1) % 4) and np.all(np.asarray(xc)[:, :-1] // 10 == lc[:, None])
 
 
 def test_tiny_model_learns_induction():
@@ -179,3 +183,101 @@ def test_bad_model_input_messages():
         Transformer(5, 5, positions="abs", key=jax.random.key(0))
     with pytest.raises(PolarizeError, match="`width` must be divisible by `heads`.*width=10"):
         Transformer(5, 5, width=10, heads=3, key=jax.random.key(0))
+
+
+def polarize_main(argv: list[str]) -> int:
+    """Stand-in for the package's `main`: argparse + add_subcommands + one-line errors."""
+    from polarize.transformer.cli import add_subcommands
+
+    parser = argparse.ArgumentParser(prog="polarize")
+    add_subcommands(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PolarizeError as e:
+        print(f"polarize: error: {e}")
+        return 2
+
+
+def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
+    out = tmp_path / "ind"
+    argv = ["induction", "--small", "--norms", "softmax,sigmoid", "--seeds", "1", "--out", str(out)]
+    assert polarize_main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["units"] == summary["expected_units"] == 2
+    assert {"softmax", "sigmoid"} == set(summary["by_norm"])
+    assert (out / "induction.png").stat().st_size > 0 and (out / "attention_maps.png").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert config["versions"]["jax"] == jax.__version__
+    assert config["norms"] == ["softmax", "sigmoid"]
+    unit = out / "units" / "softmax_L2_H2_lr0.003_s0.npz"
+    before = unit.stat().st_mtime_ns
+    other = unit.with_name("sigmoid_L2_H2_lr0.003_s0.npz")
+    other.unlink()  # as if interrupted
+    assert polarize_main(argv) == 0
+    assert unit.stat().st_mtime_ns == before and other.exists()
+    capsys.readouterr()
+    assert polarize_main(argv[:-3] + ["2", "--out", str(out)]) == 2
+    assert re.search("`--out` .* holds a different config.*--overwrite", capsys.readouterr().out)
+    assert polarize_main(argv[:-3] + ["2", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["units"] == 4
+
+
+def test_classify_cli(tmp_path):
+    out = tmp_path / "cls"
+    assert polarize_main(["classify", "--small", "--norms", "softmax", "--seeds", "1",
+                          "--out", str(out)]) == 0
+    entry = json.loads((out / "summary.json").read_text())["by_norm"]["softmax"]
+    assert 0 <= entry["flip_rate"] <= 1 and entry["pairs"] == 64 and entry["runs"] == 1
+    assert (out / "classify.png").exists()
+
+
+def test_a_seed_does_not_depend_on_its_neighbours():
+    config = experiments.make_config("induction", "small", epochs=1, test_size=32)
+    v = experiments.variants(config)[0]
+    base = jax.random.key(config["seed"])
+    keys = lambda seeds: jnp.stack([jax.random.split(jax.random.fold_in(base, s), 4)
+                                    for s in seeds])
+    alone = experiments._train_induction(config, v, keys([1]))[0]
+    beside = experiments._train_induction(config, v, keys([0, 1]))[1]
+    assert np.allclose(alone["loss"], beside["loss"], rtol=1e-4)
+    assert np.allclose(alone["sink_score"], beside["sink_score"], atol=1e-4)
+
+
+def test_sinks_cli(tmp_path, capsys):
+    a = np.zeros((2, 3, 5, 5))
+    a[0, :, :, 0] = 1.0
+    a[1] = np.tril(np.ones((5, 5)))  # unnormalized
+    storage.write_npz(tmp_path / "maps.npz", {"attention": a, "other": np.ones(3)})
+    png = tmp_path / "m.png"
+    assert polarize_main(["sinks", str(tmp_path / "maps.npz"), "--out", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "Sink_0^0.3 = 1.000" in text and png.stat().st_size > 0
+    assert len([line for line in text.splitlines() if line[:5].strip().isdigit()]) == 6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["induction", "--norms", "softmax,soft", "--out", "x"],
+     "`norms` must be one of softmax, softmax1,.*got 'soft'"),
+    (["classify", "--seeds", "0", "--out", "x"], "`seeds` must be a positive integer; got 0"),
+    (["induction", "--heads", "two", "--out", "x"],
+     "`--heads` must be a comma-separated list of int; got 'two'"),
+    (["induction", "--heads", "3", "--out", "x"], "`heads` must divide `width`=64; got 3"),
+    (["induction", "--preset", "huge", "--out", "x"],
+     "`preset` must be one of default, small, paper; got 'huge'"),
+    (["sinks", "missing.npz"], "`FILE` must be an existing .npz file; got 'missing.npz'"),
+    (["sinks", "MAPS", "--key", "nope"], "`--key` must be one of attention, flat; got 'nope'"),
+    (["sinks", "MAPS", "--key", "flat"], "`--key` 'flat' must hold numbers shaped"),
+])
+def test_bad_cli_input_messages(argv, message, tmp_path, capsys):
+    storage.write_npz(tmp_path / "maps.npz", {"attention": np.ones((2, 3, 3)), "flat": np.ones(3)})
+    argv = [str(tmp_path / "maps.npz") if a == "MAPS" else a for a in argv]
+    assert polarize_main(argv) == 2
+    assert re.search(message, capsys.readouterr().out)
+
+
+def test_non_empty_out_without_config_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert polarize_main(["induction", "--small", "--out", str(tmp_path)]) == 2
+    assert "is not empty and holds a different config" in capsys.readouterr().out
+    assert (tmp_path / "notes.txt").exists()

@@ -34,7 +34,7 @@ _COMMON = dict(width=64, batch=256, seed=0, test_size=1000, weight_decay=0.01)
 PRESETS = {
     "induction": {
         "default": dict(_COMMON, norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "linear"],
-                        layers=[2], heads=[4], lrs=[1e-2], seeds=3, epochs=3,
+                        layers=[2], heads=[4], lrs=[3e-3], seeds=3, epochs=4,
                         train_size=51200, shift_query=False, positions="learned"),
         "small": dict(_COMMON, norms=["softmax", "sigmoid"], layers=[2], heads=[2], lrs=[3e-3],
                       seeds=2, epochs=2, train_size=2048, batch=64, width=16, test_size=128,
@@ -47,7 +47,7 @@ PRESETS = {
     },
     "classify": {
         "default": dict(_COMMON, norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "linear"],
-                        layers=[1, 2], heads=[1, 4], lrs=[1e-3], seeds=3, epochs=2,
+                        layers=[1, 2], heads=[1, 4], lrs=[3e-3], seeds=3, epochs=2,
                         train_size=12800, pairs=500, positions="none"),
         "small": dict(_COMMON, norms=["softmax", "sigmoid"], layers=[1], heads=[2], lrs=[3e-3],
                       seeds=2, epochs=2, train_size=1024, batch=64, width=16, test_size=128,
@@ -213,7 +213,8 @@ def run(config: dict, out, *, overwrite: bool = False, log: Callable = print) ->
         for s, result in zip(todo, trainer(config, v, keys)):
             arrays = {k: np.asarray(val) for k, val in result.items()}
             write_npz(out / "units" / f"{unit_name(v, s)}.npz", dict(arrays, seed=np.asarray(s)))
-        log(f"{unit_name(v, 0)[:-3]}: {len(todo)} seeds in {time.perf_counter() - start:.1f}s")
+        log(f"{unit_name(v, 0)[:-3]}: {len(todo)} seeds in {time.perf_counter() - start:.1f}s",
+            flush=True)
     summary = summarize(config, out)
     write_json(out / "summary.json", summary)
     figures.draw(config, summary, load_units(config, out), out)

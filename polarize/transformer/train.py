@@ -72,7 +72,8 @@ def fit(
     epoch = jax.jit(jax.vmap(one_seed))
     history = []
     for e in range(epochs):
-        params, state, value = epoch(params, state, *data, jax.vmap(jax.random.fold_in, (0, None))(keys, e))
+        epoch_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, e)
+        params, state, value = epoch(params, state, *data, epoch_keys)
         history.append(value)
         if callback is not None:
             callback(e, value)
