@@ -63,9 +63,11 @@ def _run_grid(task: str, args) -> int:
     summary = experiments.run(config, args.out, overwrite=args.overwrite)
     for name, e in summary["by_norm"].items():
         if task == "induction":
-            share = "n/a" if e["sink_share"] is None else f"{e['sink_share']:.3f}"
-            print(f"{name:>18}: sink-head share {share} ({e['sink_heads']}/{e['heads_counted']}"
-                  f" heads, {e['qualified']}/{e['runs']} runs qualified), "
+            fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+            print(f"{name:>18}: sink-head share {fmt(e['sink_share'])} ({e['sink_heads']}/"
+                  f"{e['heads_counted']} heads, {e['qualified']}/{e['runs']} runs qualified), "
+                  f"mean sink score {fmt(e['mean_sink_score'])}, "
+                  f"Sink_0^0.3 share {fmt(e['gu_sink_share'])}, "
                   f"accuracy {e['accuracy']:.3f}, sparsity {e['sparsity']:.3f}")
         else:
             print(f"{name:>18}: flip rate {e['flip_rate']:.3f} ({e['runs']} runs x "

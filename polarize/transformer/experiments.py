@@ -148,11 +148,12 @@ def _train_induction(config, v, keys):
     for s in range(keys.shape[0]):
         x, y = gen(k_test[s], config["test_size"])
         model = jax.tree.map(lambda a: a[s] if eqx.is_array(a) else a, models)
-        logits, maps = jax.vmap(model.forward)(x)
-        maps = maps[..., 1:, :]  # query 0 sees only BOS under causal masking: not informative
+        logits, full = jax.vmap(model.forward)(x)
+        maps = full[..., 1:, :]  # query 0 sees only BOS under causal masking: not informative
         results.append(dict(
             accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y[:, -1]),
             sink_score=jnp.mean(sinks.bos_share(maps), 0),
+            alpha0=jnp.mean(sinks.importance(full)[..., 0], 0),
             sparsity=jnp.mean(sinks.sparsity(maps), 0),
             entropy=jnp.mean(sinks.mean_entropy(maps), 0),
             example=jax.vmap(model.forward)(x[:1])[1][0],
@@ -249,7 +250,10 @@ def summarize(config: dict, out: Path) -> dict:
                 entry.update(qualified=len(ok), heads_counted=int(scores.size),
                              sink_heads=int(np.sum(scores > SINK_HEAD)),
                              sink_share=float(np.mean(scores > SINK_HEAD)) if ok else None,
-                             mean_sink_score=float(np.mean(scores)) if ok else None)
+                             mean_sink_score=float(np.mean(scores)) if ok else None,
+                             gu_sink_share=float(np.mean(np.concatenate(
+                                 [u["alpha0"].ravel() for u in ok]) > sinks.SINK_EPS))
+                             if ok else None)
             else:
                 entry.update(flip_rate=float(np.mean([u["flip_rate"] for u in group])),
                              pairs=len(group) * config["pairs"])

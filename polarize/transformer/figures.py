@@ -30,7 +30,7 @@ def _bars(ax, summary: dict, field: str, ylabel: str, note=None) -> None:
 def _scatter(ax, summary: dict, units: list, field: str, ylabel: str) -> None:
     norms = list(summary["by_norm"])
     for i, n in enumerate(norms):
-        ys = [float(u[field]) for u in units if u["norm"] == n]
+        ys = np.concatenate([np.ravel(u[field]) for u in units if u["norm"] == n] or [[]])
         color = _COLORS[summary["by_norm"][n]["normalized"]]
         ax.plot(np.full(len(ys), i, float), ys, "o", alpha=0.6, color=color)
     ax.set_xticks(range(len(norms)), norms, rotation=30, ha="right")
@@ -70,13 +70,18 @@ def draw(config: dict, summary: dict, units: list, out) -> None:
     if not units:
         return
     if config["task"] == "induction":
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4))
         _bars(axes[0], summary, "sink_share", "share of sink heads (BOS share > 0.9)",
               note=lambda e: f"{e['qualified']}/{e['runs']} runs")
         axes[0].set_title("sink heads, runs with accuracy > 0.95")
-        _scatter(axes[1], summary, units, "accuracy", "induction accuracy")
-        axes[1].axhline(0.95, color="gray", ls="--", lw=1)
-        axes[1].set_title("accuracy per run")
+        qualified = [u for u in units if u["accuracy"] > 0.95]
+        _scatter(axes[1], summary, qualified, "sink_score", "sink score per head (BOS share)")
+        axes[1].axhline(0.9, color="gray", ls="--", lw=1)
+        axes[1].set_ylim(0, 1.05)
+        axes[1].set_title("every head of the qualifying runs")
+        _scatter(axes[2], summary, units, "accuracy", "induction accuracy")
+        axes[2].axhline(0.95, color="gray", ls="--", lw=1)
+        axes[2].set_title("accuracy per run")
     else:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         _bars(axes[0], summary, "flip_rate", "single-token attack flip rate",
