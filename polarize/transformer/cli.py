@@ -59,6 +59,7 @@ def _run_grid(task: str, args) -> int:
         lrs=_parse_list("lr", args.lr, float),
         seeds=args.seeds, seed=args.seed, width=args.width, epochs=args.epochs,
         train_size=args.train_size, batch=args.batch,
+        **({"shift_query": True} if getattr(args, "shift_query", False) else {}),
     )
     summary = experiments.run(config, args.out, overwrite=args.overwrite)
     for name, e in summary["by_norm"].items():
@@ -109,6 +110,8 @@ def add_subcommands(subparsers) -> None:
     """Register `induction`, `classify` and `sinks` on an argparse subparsers object."""
     p = subparsers.add_parser("induction", help="train transformers on the induction task")
     _grid_options(p)
+    p.add_argument("--shift-query", action="store_true",
+                   help="write the repeated (query) token as token + vocab + 1")
     p.set_defaults(func=lambda a: _run_grid("induction", a))
     p = subparsers.add_parser("classify", help="train classifiers, attack single tokens")
     _grid_options(p)
