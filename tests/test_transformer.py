@@ -13,7 +13,7 @@ import pytest
 
 from polarize import storage
 from polarize.errors import PolarizeError
-from polarize.transformer import experiments, tasks, train
+from polarize.transformer import tasks, train
 from polarize.transformer.attention import NORMALIZATIONS, make_normalization
 from polarize.transformer.model import Transformer
 
@@ -163,17 +163,16 @@ def test_classification_data_and_attack_invariants():
 
 
 def test_tiny_model_learns_induction():
-    keys = jax.random.split(jax.random.key(8), 2)
-    models = train.stack_models(
-        lambda k: Transformer(51, 51, width=32, heads=2, key=k), keys)
-    data = jax.vmap(lambda k: tasks.induction(k, 64 * 100))(keys)
+    keys = jax.random.split(jax.random.key(8), 1)
+    models = train.stack_models(lambda k: Transformer(51, 51, width=64, heads=4, key=k), keys)
+    data = jax.vmap(lambda k: tasks.induction(k, 256 * 70))(keys)
     models, hist = train.fit(models, train.induction_loss, data, keys, lr=3e-3,
-                             epochs=3, batch=64)
+                             epochs=3, batch=256)
     x, y = tasks.induction(jax.random.key(9), 500)
     acc = eqx.filter_vmap(
         lambda m: jnp.mean(jnp.argmax(jax.vmap(m)(x)[:, -1], -1) == y[:, -1]))(models)
-    assert hist.shape == (2, 3) and np.all(hist[:, -1] < hist[:, 0])
-    assert np.all(np.asarray(acc) > 0.3), acc  # chance is 1/50; guessing from context 1/10
+    assert hist.shape == (1, 3) and np.all(hist[:, -1] < hist[:, 0])
+    assert np.all(np.asarray(acc) > 0.9), acc  # chance is 1/50; guessing from context 1/10
 
 
 def test_bad_model_input_messages():
@@ -201,26 +200,29 @@ def polarize_main(argv: list[str]) -> int:
 
 def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
     out = tmp_path / "ind"
-    argv = ["induction", "--small", "--norms", "softmax,sigmoid", "--seeds", "1", "--out", str(out)]
+    argv = ["induction", "--small", "--norms", "softmax", "--seeds", "2", "--out", str(out)]
     assert polarize_main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["units"] == summary["expected_units"] == 2
-    assert {"softmax", "sigmoid"} == set(summary["by_norm"])
+    assert {"softmax"} == set(summary["by_norm"])
     assert (out / "induction.png").stat().st_size > 0 and (out / "attention_maps.png").exists()
     config = json.loads((out / "config.json").read_text())
-    assert config["versions"]["jax"] == jax.__version__
-    assert config["norms"] == ["softmax", "sigmoid"]
-    unit = out / "units" / "softmax_L2_H2_lr0.003_s0.npz"
-    before = unit.stat().st_mtime_ns
-    other = unit.with_name("sigmoid_L2_H2_lr0.003_s0.npz")
-    other.unlink()  # as if interrupted
+    assert config["versions"]["jax"] == jax.__version__ and config["norms"] == ["softmax"]
+    first, second = (out / "units" / f"softmax_L2_H2_lr0.003_s{s}.npz" for s in (0, 1))
+    before, trained_beside = first.stat().st_mtime_ns, storage.read_npz(second)
+    second.unlink()  # as if interrupted: the rerun trains seed 1 alone
     assert polarize_main(argv) == 0
-    assert unit.stat().st_mtime_ns == before and other.exists()
+    assert first.stat().st_mtime_ns == before
+    trained_alone = storage.read_npz(second)  # a seed does not depend on its neighbours
+    assert np.allclose(trained_alone["loss"], trained_beside["loss"], rtol=1e-4)
+    assert np.allclose(trained_alone["sink_score"], trained_beside["sink_score"], atol=1e-4)
     capsys.readouterr()
-    assert polarize_main(argv[:-3] + ["2", "--out", str(out)]) == 2
+    assert polarize_main(argv[:-3] + ["1", "--out", str(out)]) == 2
     assert re.search("`--out` .* holds a different config.*--overwrite", capsys.readouterr().out)
-    assert polarize_main(argv[:-3] + ["2", "--out", str(out), "--overwrite"]) == 0
-    assert json.loads((out / "summary.json").read_text())["units"] == 4
+    argv[3], argv[5] = "sigmoid", "1"
+    assert polarize_main(argv + ["--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["units"] == 1
+    assert not first.exists()  # the old config's units are gone
 
 
 def test_classify_cli(tmp_path):
@@ -230,18 +232,6 @@ def test_classify_cli(tmp_path):
     entry = json.loads((out / "summary.json").read_text())["by_norm"]["softmax"]
     assert 0 <= entry["flip_rate"] <= 1 and entry["pairs"] == 64 and entry["runs"] == 1
     assert (out / "classify.png").exists()
-
-
-def test_a_seed_does_not_depend_on_its_neighbours():
-    config = experiments.make_config("induction", "small", epochs=1, test_size=32)
-    v = experiments.variants(config)[0]
-    base = jax.random.key(config["seed"])
-    keys = lambda seeds: jnp.stack([jax.random.split(jax.random.fold_in(base, s), 4)
-                                    for s in seeds])
-    alone = experiments._train_induction(config, v, keys([1]))[0]
-    beside = experiments._train_induction(config, v, keys([0, 1]))[1]
-    assert np.allclose(alone["loss"], beside["loss"], rtol=1e-4)
-    assert np.allclose(alone["sink_score"], beside["sink_score"], atol=1e-4)
 
 
 def test_sinks_cli(tmp_path, capsys):
