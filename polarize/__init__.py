@@ -5,6 +5,11 @@ from .descent import descend as descend
 from .errors import PolarizeError as PolarizeError
 from .flow import flow as flow
 from .flow import save_times as save_times
+from .grads import ADJOINTS as ADJOINTS
+from .grads import adjoint as adjoint
+from .grads import final_entropy as final_entropy
+from .grads import final_loss as final_loss
+from .grads import final_max_weight as final_max_weight
 from .models import (
     AbstractModel as AbstractModel,
 )

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .dynamics import gradient, params, with_params
+from . import ensembles
+from .dynamics import Path, System, choose_path
 from .ensembles import ensemble_size, over_inits
 from .errors import PolarizeError, check_positive
+from .flow import Precision, at_precision, float_dtype
 from .models import AbstractModel
 from .objectives import AbstractObjective
 from .trajectory import Trajectory, all_finite, observe
@@ -37,6 +39,9 @@ def descend(
     lr: float | None = None,
     n_save: int = 64,
     save_at=None,
+    path: Path = "auto",
+    precision: Precision | None = None,
+    block_size: int | None = None,
 ) -> Trajectory:
     """Run `steps` optimizer updates theta <- theta + update(grad L) on every initialization.
 
@@ -47,13 +52,18 @@ def descend(
         lr: the step size used to report time as step x lr (taken from `optimizer`
             when it is a float); without it, time is the step index.
         n_save: about this many saved steps, log-spaced; or `save_at`, explicit indices.
+        path: gradient form, as for `flow`. With a float lr (plain gradient descent) "auto"
+            may step in the reduced coordinates ("reduced", "span"), which is exactly the
+            same iteration; with an optax optimizer it uses "analytic" or "autodiff".
+        precision, block_size: as for `flow`.
 
     Returns:
         A `Trajectory` with `steps` holding the saved step indices. An initialization
         that goes NaN/Inf gets ok=False and status 1; others are unaffected.
     """
     steps = check_positive("steps", steps, integer=True)
-    if isinstance(optimizer, int | float):
+    plain = isinstance(optimizer, int | float)
+    if plain:
         lr = check_positive("lr", float(optimizer)) if lr is None else lr
         optimizer = _sgd(lr)
     elif not isinstance(optimizer, optax.GradientTransformation):
@@ -63,15 +73,27 @@ def descend(
         )
     if lr is not None:
         check_positive("lr", lr)
+    precision = precision or jnp.dtype(float_dtype(model)).name  # the objective follows the model
+    model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)
+    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
+    form = choose_path(model, objective, path)
+    if not plain and form in ("reduced", "span"):
+        if path != "auto":
+            raise PolarizeError(
+                f"`path={path!r}` steps in reduced coordinates, exact only for plain gradient "
+                "descent: pass a float learning rate as `optimizer`"
+            )
+        form = "analytic"
     if save_at is None:
         marks = save_steps(steps, check_positive("n_save", n_save, integer=True))
     else:
         marks = np.unique(np.asarray(save_at, dtype=np.int64))
         if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
-    traj = _descend(model, objective, optimizer, tuple(int(k) for k in marks))
-    ts = jnp.asarray(marks, dtype=jnp.result_type(float)) * (1.0 if lr is None else lr)
+    marks = tuple(int(k) for k in marks)
+    traj = _descend(model, objective, optimizer, marks, System(form), block_size)
+    ts = jnp.asarray(marks, dtype=traj.V.dtype) * (1.0 if lr is None else lr)
     return eqx.tree_at(lambda t: t.ts, traj, ts)
 
 
@@ -80,15 +102,17 @@ _sgd = functools.lru_cache(maxsize=64)(optax.sgd)
 
 
 @eqx.filter_jit
-def _descend(model, objective, optimizer, marks):
+def _descend(model, objective, optimizer, marks, system, block_size):
     def run_one(model, objective):
+        constants = system.constants(model, objective)
+
         def step(carry, _):
             theta, opt_state = carry
-            grads = gradient(with_params(model, theta), objective)
+            grads = jax.tree.map(jnp.negative, system.field(theta, model, objective, constants))
             updates, opt_state = optimizer.update(grads, opt_state, theta)
             return (optax.apply_updates(theta, updates), opt_state), None
 
-        theta = params(model)
+        theta = system.initial(model, objective)
         carry = (theta, optimizer.init(theta))
         saved, done = [], 0
         # One scan per segment between saved steps: static lengths keep the loop
@@ -98,12 +122,12 @@ def _descend(model, objective, optimizer, marks):
                 carry, _ = jax.lax.scan(step, carry, None, length=mark - done)
                 done = mark
             saved.append(carry[0])
-        trainable = jax.tree.map(lambda *xs: jnp.stack(xs), *saved)
+        trainable = system.trainable(jax.tree.map(lambda *xs: jnp.stack(xs), *saved), model, objective)
         weights, loss = observe(model, objective, trainable)
         ok = all_finite((trainable, weights, loss))
         return trainable, weights, loss, ok, jnp.where(ok, 0, 1).astype(jnp.int32)
 
-    (V, a), weights, loss, ok, status = over_inits(run_one, model, objective)
+    (V, a), weights, loss, ok, status = over_inits(run_one, model, objective, block_size=block_size)
     ts = jnp.asarray(marks, dtype=V.dtype)
     step_index = jnp.asarray(marks, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import ensembles
 from .dynamics import Path, System, choose_path
 from .ensembles import ensemble_size, over_inits
 from .errors import PolarizeError, check_choice, check_positive
@@ -22,6 +23,32 @@ from .objectives import AbstractObjective
 from .trajectory import Trajectory, all_finite, observe
 
 Clock = Literal["log", "linear"]
+Precision = Literal["float32", "float64"]
+
+
+def at_precision(tree, precision: Precision | None):
+    """`tree` with every floating array cast to `precision` (unchanged when None).
+
+    float32 halves memory and is faster, at an accuracy cost measured in
+    benchmarks/RESULTS.md; float64 needs `jax_enable_x64`.
+    """
+    if precision is None:
+        return tree
+    check_choice("precision", precision, ("float32", "float64"))
+    if precision == "float64" and not jax.config.jax_enable_x64:
+        raise PolarizeError("`precision='float64'` needs jax.config.update('jax_enable_x64', True)")
+    dtype = jnp.dtype(precision)
+
+    def cast(x):
+        floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating else x
+
+    return jax.tree.map(cast, tree)
+
+
+def float_dtype(model: AbstractModel):
+    """The floating dtype the model's trainable arrays share (the dtype of the flow)."""
+    return jnp.result_type(*(getattr(model, name) for name in model.trainable))
 
 
 def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
@@ -37,13 +64,14 @@ def _check_times(t0, t1, ts):
             raise PolarizeError(f"`{name}` must be finite; got {name}={value!r}")
     if not isinstance(t0, jax.core.Tracer) and t0 < 0:
         raise PolarizeError(f"`t0` must be >= 0; got t0={t0!r}")
-    if not any(isinstance(v, jax.core.Tracer) for v in (t0, t1)) and not t1 > t0:
+    if not any(isinstance(v, jax.core.Tracer) for v in (t0, t1)) and not float(t1) > float(t0):
         raise PolarizeError(f"`t1` must be greater than `t0`; got t0={t0!r}, t1={t1!r}")
-    if ts is not None and not isinstance(ts, jax.core.Tracer):
+    traced = any(isinstance(v, jax.core.Tracer) for v in (t0, t1, ts))
+    if ts is not None and not traced:
         ts_np = np.asarray(ts, dtype=float)
         if ts_np.ndim != 1 or ts_np.size == 0 or not np.all(np.isfinite(ts_np)):
             raise PolarizeError("`ts` must be a non-empty 1-D array of finite times")
-        if np.any(np.diff(ts_np) < 0) or ts_np[0] < t0 or ts_np[-1] > t1:
+        if np.any(np.diff(ts_np) < 0) or ts_np[0] < float(t0) or ts_np[-1] > float(t1):
             raise PolarizeError(f"`ts` must be non-decreasing and lie in [t0, t1] = [{t0}, {t1}]")
 
 
@@ -62,6 +90,8 @@ def flow(
     clock: Clock = "log",
     path: Path = "auto",
     adjoint: diffrax.AbstractAdjoint | None = None,
+    precision: Precision | None = None,
+    block_size: int | None = None,
 ) -> Trajectory:
     """Integrate dtheta/dt = -grad L(theta) from t0 to t1 for every initialization.
 
@@ -77,6 +107,10 @@ def flow(
         clock: "log" integrates in tau = log(1 + t), "linear" in t itself.
         path: vector-field form, see `polarize.dynamics` ("auto" picks the cheapest).
         adjoint: diffrax adjoint for gradients through the solve (default: checkpointed).
+        precision: "float32" or "float64" casts model and objective first; None (default)
+            keeps the model's dtype (an ensemble built in float32 flows in float32).
+        block_size: initializations per vmapped block (default `ensembles.BLOCK_SIZE`);
+            results are bit-identical for a fixed block size whatever the batch size.
 
     Returns:
         A `Trajectory`. A failed initialization gets ok=False and its diffrax result
@@ -88,16 +122,20 @@ def flow(
     check_positive("rtol", rtol)
     check_positive("atol", atol)
     _check_times(t0, t1, ts)
+    precision = precision or jnp.dtype(float_dtype(model)).name  # the objective follows the model
+    model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)
+    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
     form = choose_path(model, objective, path)
     solver = diffrax.Tsit5() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    ends_only = ts is None and n_save == 2  # save t0 and t1 only: no dense interpolation
     if ts is None:
         if isinstance(t1, jax.core.Tracer) or isinstance(t0, jax.core.Tracer):
             ts = jnp.expm1(jnp.linspace(jnp.log1p(t0), jnp.log1p(t1), n_save))
         else:
             ts = save_times(t1, n_save, t0)
-    ts = jnp.asarray(ts, dtype=jnp.result_type(float))
+    ts = jnp.asarray(ts, dtype=float_dtype(model))
     return _flow(
         model,
         objective,
@@ -111,23 +149,29 @@ def flow(
         max_steps,
         clock,
         adjoint,
+        block_size,
+        ends_only,
     )
 
 
 @eqx.filter_jit
-def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint):
+def _flow(
+    model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint, block_size, ends_only
+):
     log = clock == "log"
     to_solver = jnp.log1p if log else (lambda t: t)
 
     def vector_field(s, y, args):
-        model, objective = args
-        dy = system.field(y, model, objective)
+        model, objective, constants = args
+        dy = system.field(y, model, objective, constants)
         if log:
             return jax.tree.map(lambda d: jnp.exp(s) * d, dy)
         return dy
 
     def solve_one(model, objective, ts, t0, t1):
         y0 = system.initial(model, objective)
+        # log1p(expm1(x)) can exceed x by one ulp, and diffrax rejects a save time past t1.
+        save_at = jnp.clip(to_solver(ts), to_solver(t0), to_solver(t1))
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(vector_field),
             solver,
@@ -135,8 +179,8 @@ def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, c
             t1=to_solver(t1),
             dt0=None,
             y0=y0,
-            args=(model, objective),
-            saveat=diffrax.SaveAt(ts=to_solver(ts)),
+            args=(model, objective, system.constants(model, objective)),
+            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=save_at),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
             adjoint=adjoint,
@@ -149,7 +193,9 @@ def _flow(model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, c
         status = jnp.where(solved & ~ok, -1, _result_code(sol.result))
         return trainable, weights, loss, ok, status, sol.stats["num_accepted_steps"]
 
-    (V, a), weights, loss, ok, status, steps = over_inits(solve_one, model, objective, ts, t0, t1)
+    (V, a), weights, loss, ok, status, steps = over_inits(
+        solve_one, model, objective, ts, t0, t1, block_size=block_size
+    )
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=steps)
 
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .errors import PolarizeError, check_choice
@@ -64,16 +65,17 @@ def _ratio(h, dh):
 
 
 def _check_positive_scalar(name: str, value) -> None:
+    # numpy, not jnp: under jit even a Python float would become a tracer in jnp
     if isinstance(value, jax.core.Tracer):
         return
-    if not jnp.all(jnp.isfinite(value)) or jnp.any(jnp.asarray(value) <= 0):
+    if not np.all(np.isfinite(value)) or np.any(np.asarray(value) <= 0):
         raise PolarizeError(f"`{name}` must be a positive finite number; got {value!r}")
 
 
 def _check_finite_scalar(name: str, value) -> None:
     if isinstance(value, jax.core.Tracer):
         return
-    if not jnp.all(jnp.isfinite(value)):
+    if not np.all(np.isfinite(value)):
         raise PolarizeError(f"`{name}` must be a finite number; got {value!r}")
 
 

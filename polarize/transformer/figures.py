@@ -1,0 +1,113 @@
+"""Figures of a transformer-lab result directory (PNG, labelled axes)."""
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_COLORS = {True: "tab:blue", False: "tab:orange"}
+
+
+def _bars(ax, summary: dict, field: str, ylabel: str, note=None) -> None:
+    norms = list(summary["by_norm"])
+    values = [summary["by_norm"][n][field] for n in norms]
+    heights = [np.nan if v is None else v for v in values]
+    colors = [_COLORS[summary["by_norm"][n]["normalized"]] for n in norms]
+    ax.bar(range(len(norms)), heights, color=colors)
+    for i, n in enumerate(norms):
+        if note is not None:
+            ax.annotate(note(summary["by_norm"][n]), (i, 0), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_xticks(range(len(norms)), norms, rotation=30, ha="right")
+    ax.set_xlabel("attention normalization (blue: normalized, orange: not)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1.05)
+
+
+def _scatter(ax, summary: dict, units: list, field: str, ylabel: str) -> None:
+    norms = list(summary["by_norm"])
+    for i, n in enumerate(norms):
+        ys = np.concatenate([np.ravel(u[field]) for u in units if u["norm"] == n] or [[]])
+        color = _COLORS[summary["by_norm"][n]["normalized"]]
+        ax.plot(np.full(len(ys), i, float), ys, "o", alpha=0.6, color=color)
+    ax.set_xticks(range(len(norms)), norms, rotation=30, ha="right")
+    ax.set_xlabel("attention normalization")
+    ax.set_ylabel(ylabel)
+
+
+def _maps(config: dict, units: list, path: Path) -> None:
+    examples = {}
+    for u in units:
+        examples.setdefault(u["norm"], u["example"])
+    if not examples:
+        return
+    layers = max(e.shape[0] for e in examples.values())
+    fig, axes = plt.subplots(len(examples), layers, squeeze=False,
+                             figsize=(2.6 * layers + 1, 2.4 * len(examples)))
+    for row, (norm, ex) in enumerate(examples.items()):
+        for layer in range(layers):
+            ax = axes[row, layer]
+            if layer >= ex.shape[0]:
+                ax.axis("off")
+                continue
+            im = ax.imshow(np.abs(ex[layer, 0]), cmap="viridis")
+            ax.set_title(f"{norm}, layer {layer}, head 0", fontsize=8)
+            ax.set_xlabel("key position")
+            ax.set_ylabel("query position")
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("|attention| of seed 0's first test sequence")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw(config: dict, summary: dict, units: list, out) -> None:
+    """Write the task's figures into `out`."""
+    out = Path(out)
+    if not units:
+        return
+    if config["task"] == "induction":
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+        _bars(axes[0], summary, "sink_share", "share of sink heads (BOS share > 0.9)",
+              note=lambda e: f"{e['qualified']}/{e['runs']} runs")
+        axes[0].set_title("sink heads, runs with accuracy > 0.95")
+        qualified = [u for u in units if u["accuracy"] > 0.95]
+        _scatter(axes[1], summary, qualified, "sink_score", "sink score per head (BOS share)")
+        axes[1].axhline(0.9, color="gray", ls="--", lw=1)
+        axes[1].set_ylim(0, 1.05)
+        axes[1].set_title("every head of the qualifying runs")
+        _scatter(axes[2], summary, units, "accuracy", "induction accuracy")
+        axes[2].axhline(0.95, color="gray", ls="--", lw=1)
+        axes[2].set_title("accuracy per run")
+    else:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        _bars(axes[0], summary, "flip_rate", "single-token attack flip rate",
+              note=lambda e: f"{e['runs']} runs")
+        axes[0].set_title("flip rate (500 pairs per run)")
+        _bars(axes[1], summary, "sparsity", "CLS-row max/sum (mean over heads)")
+        axes[1].set_title("sparsity of the CLS attention")
+        _scatter(axes[2], summary, units, "accuracy", "classification accuracy")
+        axes[2].set_title("accuracy per run")
+    fig.tight_layout()
+    fig.savefig(out / f"{config['task']}.png", dpi=110)
+    plt.close(fig)
+    _maps(config, units, out / "attention_maps.png")
+
+
+def heatmap(table: dict, path, title: str = "") -> None:
+    """Per-layer, per-head heatmaps of a `sinks.head_table`."""
+    cols = [c for c in ("bos_share", "sparsity", "entropy", "alpha0") if c in table]
+    fig, axes = plt.subplots(1, len(cols), figsize=(3.4 * len(cols), 3), squeeze=False)
+    for ax, c in zip(axes[0], cols):
+        im = ax.imshow(table[c], cmap="viridis", aspect="auto")
+        ax.set_title(c)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

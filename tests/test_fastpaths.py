@@ -1,0 +1,116 @@
+"""Fast paths against the generic autodiff path: same ODE, same iteration, to 1e-8.
+
+The "span" form (V = V0 + X^T W for dataset objectives), reduced-coordinate
+gradient descent, the float32 mode and the block-size option.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import polarize as pz
+from polarize.dynamics import System, choose_path
+
+DIM, TOKENS, SAMPLES = 6, 5, 3  # samples < dim: where "span" is the cheaper form
+
+
+def data_objective(kind, samples=SAMPLES, dim=DIM):
+    if kind == "square":
+        return pz.conditioned_regression(7, samples, dim, 3.0)
+    return pz.random_labels(8, samples, dim)
+
+
+def ensemble(norm="softmax", n=3):
+    return pz.init_ensemble(1, n, tokens=TOKENS, dim=DIM, v_scale=0.5, a_scale=0.5, norm=norm)
+
+
+@pytest.mark.parametrize("norm", list(pz.NORMALIZATIONS))
+@pytest.mark.parametrize("kind", ["square", "logistic-data"])
+def test_span_field_equals_autodiff(norm, kind):
+    """X^T dW/dt = dV/dt and the da/dt of the (W, a) system equal the full field's."""
+    m = ensemble(norm, n=1)
+    obj = data_objective(kind)
+    V0, a = m.V[0], m.a[0] + 0.3
+    W = 0.4 * jax.random.normal(jax.random.key(5), (SAMPLES, TOKENS))
+    model0 = pz.ValueAttention(V0, a, m.norm)
+    V = V0 + obj.X.T @ W
+    dV, da = System("autodiff").field((V, a), pz.ValueAttention(V, a, m.norm), obj)
+    dW, da_span = System("span").field((W, a), model0, obj)
+    np.testing.assert_allclose(obj.X.T @ dW, dV, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(da_span, da, rtol=1e-10, atol=1e-13)
+
+
+def test_auto_picks_span_only_where_cheaper():
+    m = ensemble()
+    assert choose_path(m, data_objective("square")) == "span"
+    assert choose_path(m, data_objective("logistic-data")) == "span"
+    assert choose_path(m, data_objective("square", samples=DIM)) == "analytic"
+    assert choose_path(m, pz.random_direction(0, DIM)) == "reduced"
+    with pytest.raises(pz.PolarizeError, match="path='span'.*Square or LogisticData"):
+        choose_path(m, pz.random_direction(0, DIM), "span")
+
+
+@pytest.mark.parametrize("kind, norm", [("square", "softmax"), ("logistic-data", "relu-norm")])
+def test_span_flow_agrees_with_autodiff(norm, kind):
+    m, obj = ensemble(norm), data_objective(kind)
+    kw = dict(t1=30.0, n_save=6, rtol=1e-12, atol=1e-14)
+    fast, ref = pz.flow(m, obj, path="span", **kw), pz.flow(m, obj, path="autodiff", **kw)
+    assert bool(np.all(fast.ok)) and bool(np.all(ref.ok))
+    for name in ("V", "a", "weights", "loss"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "objective", [data_objective("square"), data_objective("logistic-data"), pz.random_direction(2, DIM)]
+)
+def test_reduced_descent_is_the_same_iteration(objective):
+    """Plain GD in reduced coordinates equals GD on (V, a) step for step."""
+    m = ensemble()
+    fast = pz.descend(m, objective, 0.05, steps=200, n_save=4)
+    ref = pz.descend(m, objective, 0.05, steps=200, n_save=4, path="autodiff")
+    np.testing.assert_array_equal(fast.steps, ref.steps)
+    for name in ("V", "a", "loss"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=0, atol=1e-10)
+
+
+def test_reduced_descent_needs_plain_gd():
+    m, obj = ensemble(), pz.random_direction(2, DIM)
+    with pytest.raises(pz.PolarizeError, match="path='reduced'.*float learning rate"):
+        pz.descend(m, obj, optax.adam(1e-2), steps=3, path="reduced")
+    # auto falls back to the exact full gradient for any optax optimizer
+    fast = pz.descend(m, obj, optax.adam(1e-2), steps=20, n_save=2)
+    ref = pz.descend(m, obj, optax.adam(1e-2), steps=20, n_save=2, path="autodiff")
+    np.testing.assert_allclose(fast.V, ref.V, rtol=0, atol=1e-12)
+
+
+def test_float32_mode_flows_in_float32_close_to_float64():
+    obj = pz.random_direction(1, 8)
+    m64 = pz.init_ensemble(0, 4, tokens=8, dim=8)
+    m32 = pz.init_ensemble(0, 4, tokens=8, dim=8, dtype=jnp.float32)
+    assert m32.V.dtype == jnp.float32
+    kw = dict(t1=1e5, n_save=4)
+    built32 = pz.flow(m32, obj, **kw)  # a float32 model flows in float32 ...
+    cast32 = pz.flow(m64, obj, precision="float32", **kw)  # ... and so does precision="float32"
+    refs = (pz.flow(m32, obj, precision="float64", **kw), pz.flow(m64, obj, **kw))
+    for tr, ref in zip((built32, cast32), refs, strict=True):
+        assert tr.V.dtype == tr.weights.dtype == tr.ts.dtype == jnp.float32
+        assert ref.V.dtype == jnp.float64
+        assert bool(np.all(tr.ok))
+        np.testing.assert_allclose(tr.weights, ref.weights, rtol=0, atol=1e-3)
+    d32 = pz.descend(m64, obj, 0.1, steps=50, n_save=2, precision="float32")
+    assert d32.V.dtype == jnp.float32
+    with pytest.raises(pz.PolarizeError, match="`precision` must be one of float32, float64"):
+        pz.flow(m64, obj, t1=1.0, precision="half")
+
+
+def test_block_size_is_an_option_and_results_do_not_depend_on_batch_size():
+    m, obj = pz.init_ensemble(0, 4, tokens=8, dim=8), pz.random_direction(1, 8)
+    whole = pz.flow(m, obj, t1=1e5, n_save=4, block_size=2)
+    part = pz.flow(pz.init_ensemble(0, 3, tokens=8, dim=8), obj, t1=1e5, n_save=4, block_size=2)
+    np.testing.assert_array_equal(whole.V[:3], part.V)
+    other = pz.flow(m, obj, t1=1e5, n_save=4)  # default block size (compiled above)
+    np.testing.assert_allclose(whole.weights, other.weights, rtol=0, atol=1e-9)
+    with pytest.raises(pz.PolarizeError, match="`block_size` must be a positive integer"):
+        pz.flow(m, obj, t1=1.0, block_size=-1)
