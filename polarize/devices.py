@@ -31,6 +31,7 @@ def over_devices(fn, model, objective, devices=None):
 
     `fn` must return a pytree of arrays whose leading axis is the initialization.
     The objective is shared (replicated) unless it is batched like the model.
+    With several devices the results come back as host (numpy) arrays.
     """
     devices = list(devices or jax.local_devices())
     n = model.batch_size
@@ -56,7 +57,8 @@ def over_devices(fn, model, objective, devices=None):
         local, mesh=mesh, in_specs=(PartitionSpec(AXIS),), out_specs=PartitionSpec(AXIS), check_vma=False
     )
     out = jax.jit(sharded)(jax.tree.map(pad, dynamic))
-    return jax.tree.map(lambda x: x[:n], out)
+    # gathered to the host: later work then runs on one device, not SPMD over all
+    return jax.tree.map(lambda x: np.asarray(x)[:n], out)
 
 
 def my_chunks(n_chunks: int) -> list[int]:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .ensembles import blockwise
 from .objectives import AbstractObjective
 from .trajectory import Trajectory
 
@@ -85,6 +86,20 @@ def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str
     }
 
 
+@jax.jit
+def _series_by_block(traj: Trajectory) -> dict:
+    # per initialization in the fixed-block program, so a statistic never depends
+    # on which other initializations shared the batch (see `polarize.ensembles`)
+    def one(arrays):
+        V, a, weights, loss = arrays
+        single = Trajectory(
+            ts=traj.ts, V=V, a=a, weights=weights, loss=loss, ok=jnp.asarray(True), status=jnp.asarray(0)
+        )
+        return series(single)
+
+    return blockwise(one, (traj.V, traj.a, traj.weights, traj.loss))
+
+
 def _as_batch(traj: Trajectory) -> Trajectory:
     return jax.tree.map(lambda x: x if x is traj.ts else x[None], traj)
 
@@ -112,7 +127,7 @@ def summarize(traj: Trajectory, objective: AbstractObjective, *, threshold: floa
     """
     if not traj.batched:
         traj = _as_batch(traj)
-    ser = {k: np.asarray(v) for k, v in series(traj).items()}
+    ser = {k: np.asarray(v) for k, v in _series_by_block(traj).items()}
     final = {k: v[:, -1] for k, v in ser.items()}
     final.update({k: np.asarray(v) for k, v in order_statistics(traj, objective).items()})
     final["ok"] = np.asarray(traj.ok)

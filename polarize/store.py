@@ -87,7 +87,9 @@ class ChunkStore:
         write_npz(path, {**arrays, "start": np.int64(start), "stop": np.int64(stop)})
         self._entries[path.name] = {"file": path.name, "start": start, "stop": stop, "sha256": _sha256(path)}
         mine = [e for e in self._entries.values() if self._owned(e)]
-        write_json(self._mine, {"n_chunks": len(self.ranges), "chunks": sorted(mine, key=lambda e: e["file"])})
+        write_json(
+            self._mine, {"n_chunks": len(self.ranges), "chunks": sorted(mine, key=lambda e: e["file"])}
+        )
 
     def _owned(self, entry) -> bool:
         index = int(entry["file"].split("-")[1].split(".")[0])

@@ -65,7 +65,9 @@ def load_study(path) -> Study:
     for section, keys in (("base", base), ("grid", grid)):
         bad = sorted(set(keys) - valid)
         if bad:
-            raise PolarizeError(f"study file {path}: unknown setting(s) {bad} in [{section}]; valid: {sorted(valid)}")
+            raise PolarizeError(
+                f"study file {path}: unknown setting(s) {bad} in [{section}]; valid: {sorted(valid)}"
+            )
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise PolarizeError(f"study file {path}: [grid] {key} must be a non-empty list")
@@ -129,7 +131,9 @@ def plot_study(study: Study, out: Path) -> Path:
         groups: dict = {}
         for _, run in runs:
             label = ", ".join(f"{k}={getattr(run['config'], k)}" for k in others) or study.metric
-            groups.setdefault(label, []).append((getattr(run["config"], study.x), run["summary"][study.metric]))
+            groups.setdefault(label, []).append(
+                (getattr(run["config"], study.x), run["summary"][study.metric])
+            )
         for label, points in groups.items():
             xs, ys = zip(*sorted(points), strict=True)
             ax.plot(xs, [np.nan if y is None else y for y in ys], marker="o", label=label)
@@ -142,12 +146,16 @@ def plot_study(study: Study, out: Path) -> Path:
             arrays, config = run["arrays"], run["config"]
             ts, frac = one_hot_fraction(arrays, config.threshold)
             ok = arrays["ok"].astype(bool)
-            med = np.median(arrays["series_max_weight"][ok], axis=0) if ok.any() else np.full(ts.shape, np.nan)
+            med = (
+                np.median(arrays["series_max_weight"][ok], axis=0) if ok.any() else np.full(ts.shape, np.nan)
+            )
             keep = ts > 0
             axes[0].plot(ts[keep], med[keep], label=name)
             axes[1].plot(ts[keep], frac[keep], label=name)
         unit = "t" if runs[0][1]["config"].method == "flow" else "t = step x lr"
-        for ax, label in zip(axes, ["median max weight", "one-hot fraction (max weight >= threshold)"], strict=True):
+        for ax, label in zip(
+            axes, ["median max weight", "one-hot fraction (max weight >= threshold)"], strict=True
+        ):
             ax.set_xscale("log")
             ax.set_xlabel(unit)
             ax.set_ylabel(label)

@@ -20,6 +20,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -186,31 +187,55 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     (float32, shape (n, snapshots)).
     """
     objective = build_objective(config)
-    keep = jax.numpy.asarray(snapshot_index(config))
+    keep = snapshot_index(config)
 
-    def compute(model, objective):
+    def solve(model, objective):
         traj = _trajectory(config, model, objective)
+        return {
+            "V": traj.V,
+            "a": traj.a,
+            "weights": traj.weights,
+            "loss": traj.loss,
+            "ok": traj.ok,
+            "status": traj.status,
+            "steps": traj.steps,
+        }
 
-        def stats(arrays):
-            V, a, weights, loss = arrays
-            # statistics per initialization inside the fixed-block program, like the
-            # flow itself, so they too are bit-identical for any chunking
-            one = Trajectory(ts=traj.ts, V=V, a=a, weights=weights, loss=loss, ok=jax.numpy.asarray(True), status=jax.numpy.asarray(0))
-            ser = series(one)
-            out = {f"final_{k}": v[-1] for k, v in ser.items()}
-            out.update({f"final_{k}": v for k, v in order_statistics(one, objective).items()})
-            out["snap_max_weight"] = ser["max_weight"][keep].astype(jax.numpy.float32)
-            out["snap_entropy"] = ser["entropy"][keep].astype(jax.numpy.float32)
-            return out
+    # The solves (the expensive part) are split over devices; the statistics run
+    # after them on one device (LAPACK calls on several host devices at once can stall).
+    traj = over_devices(solve, _model(config, start, stop), objective, devices)
+    out = _statistics(
+        objective, jax.numpy.asarray(times(config)), keep, traj["V"], traj["a"], traj["weights"], traj["loss"]
+    )
+    out["ok"], out["status"] = traj["ok"], traj["status"]
+    if config.method == "flow":
+        out["solver_steps"] = traj["steps"]
+    return {k: np.asarray(v) for k, v in out.items()}
 
-        out = blockwise(stats, (traj.V, traj.a, traj.weights, traj.loss))
-        out["ok"], out["status"] = traj.ok, traj.status
-        if config.method == "flow":
-            out["solver_steps"] = traj.steps
+
+@eqx.filter_jit
+def _statistics(objective, ts, keep, V, a, weights, loss):
+    def stats(arrays):
+        # per initialization inside the fixed-block program, like the flow itself,
+        # so these numbers too are bit-identical for any chunking
+        V, a, weights, loss = arrays
+        one = Trajectory(
+            ts=ts,
+            V=V,
+            a=a,
+            weights=weights,
+            loss=loss,
+            ok=jax.numpy.asarray(True),
+            status=jax.numpy.asarray(0),
+        )
+        ser = series(one)
+        out = {f"final_{k}": v[-1] for k, v in ser.items()}
+        out.update({f"final_{k}": v for k, v in order_statistics(one, objective).items()})
+        out["snap_max_weight"] = ser["max_weight"][keep].astype(jax.numpy.float32)
+        out["snap_entropy"] = ser["entropy"][keep].astype(jax.numpy.float32)
         return out
 
-    result = over_devices(compute, _model(config, start, stop), objective, devices)
-    return {k: np.asarray(v) for k, v in result.items()}
+    return blockwise(stats, (V, a, weights, loss))
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -328,7 +353,9 @@ def _progress(enabled: bool, ranges, todo):
 
     total = sum(b - a for a, b in ranges)
     remaining = sum(ranges[i][1] - ranges[i][0] for i in todo)
-    return tqdm(total=total, initial=total - remaining, unit="init", unit_scale=True, desc="sweep", smoothing=0.1)
+    return tqdm(
+        total=total, initial=total - remaining, unit="init", unit_scale=True, desc="sweep", smoothing=0.1
+    )
 
 
 def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, wall: float) -> dict:
@@ -356,7 +383,14 @@ def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, 
         traj = _trajectory(config, _model(config, 0, n), build_objective(config))
         write_npz(
             out / "sample.npz",
-            {"ts": traj.ts, "V": traj.V, "a": traj.a, "weights": traj.weights, "loss": traj.loss, "ok": traj.ok},
+            {
+                "ts": traj.ts,
+                "V": traj.V,
+                "a": traj.a,
+                "weights": traj.weights,
+                "loss": traj.loss,
+                "ok": traj.ok,
+            },
         )
     write_json(out / "summary.json", summary)
     sweep_figures(load_arrays(out), config, out)

@@ -107,7 +107,7 @@ def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys):
     out.mkdir()
     (out / "something").write_text("x")
     assert main(["sweep", *SMALL, "--out", str(out)]) == 2
-    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert "is not empty; pass --resume" in capsys.readouterr().err
     assert main(["sweep", *SMALL, "--out", str(out), "--overwrite"]) == 0
 
 

@@ -19,8 +19,14 @@ def _bars(ax, summary: dict, field: str, ylabel: str, note=None) -> None:
     ax.bar(range(len(norms)), heights, color=colors)
     for i, n in enumerate(norms):
         if note is not None:
-            ax.annotate(note(summary["by_norm"][n]), (i, 0), textcoords="offset points",
-                        xytext=(0, 3), ha="center", fontsize=7)
+            ax.annotate(
+                note(summary["by_norm"][n]),
+                (i, 0),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize=7,
+            )
     ax.set_xticks(range(len(norms)), norms, rotation=30, ha="right")
     ax.set_xlabel("attention normalization (blue: normalized, orange: not)")
     ax.set_ylabel(ylabel)
@@ -45,8 +51,9 @@ def _maps(config: dict, units: list, path: Path) -> None:
     if not examples:
         return
     layers = max(e.shape[0] for e in examples.values())
-    fig, axes = plt.subplots(len(examples), layers, squeeze=False,
-                             figsize=(2.6 * layers + 1, 2.4 * len(examples)))
+    fig, axes = plt.subplots(
+        len(examples), layers, squeeze=False, figsize=(2.6 * layers + 1, 2.4 * len(examples))
+    )
     for row, (norm, ex) in enumerate(examples.items()):
         for layer in range(layers):
             ax = axes[row, layer]
@@ -71,8 +78,13 @@ def draw(config: dict, summary: dict, units: list, out) -> None:
         return
     if config["task"] == "induction":
         fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-        _bars(axes[0], summary, "sink_share", "share of sink heads (BOS share > 0.9)",
-              note=lambda e: f"{e['qualified']}/{e['runs']} runs")
+        _bars(
+            axes[0],
+            summary,
+            "sink_share",
+            "share of sink heads (BOS share > 0.9)",
+            note=lambda e: f"{e['qualified']}/{e['runs']} runs",
+        )
         axes[0].set_title("sink heads, runs with accuracy > 0.95")
         qualified = [u for u in units if u["accuracy"] > 0.95]
         _scatter(axes[1], summary, qualified, "sink_score", "sink score per head (BOS share)")
@@ -84,8 +96,9 @@ def draw(config: dict, summary: dict, units: list, out) -> None:
         axes[2].set_title("accuracy per run")
     else:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        _bars(axes[0], summary, "flip_rate", "single-token attack flip rate",
-              note=lambda e: f"{e['runs']} runs")
+        _bars(
+            axes[0], summary, "flip_rate", "single-token attack flip rate", note=lambda e: f"{e['runs']} runs"
+        )
         axes[0].set_title("flip rate (500 pairs per run)")
         _bars(axes[1], summary, "sparsity", "CLS-row max/sum (mean over heads)")
         axes[1].set_title("sparsity of the CLS attention")

@@ -109,8 +109,14 @@ class Transformer(eqx.Module):
         max_len: int = 64,
         key: PRNGKeyArray,
     ):
-        for name, value in [("vocab", vocab), ("out_vocab", out_vocab), ("width", width),
-                            ("layers", layers), ("heads", heads), ("max_len", max_len)]:
+        for name, value in [
+            ("vocab", vocab),
+            ("out_vocab", out_vocab),
+            ("width", width),
+            ("layers", layers),
+            ("heads", heads),
+            ("max_len", max_len),
+        ]:
             check_positive(name, value, integer=True)
         check_choice("positions", positions, POSITIONS)
         if width % heads or (positions == "rope" and (width // heads) % 2):
@@ -121,12 +127,9 @@ class Transformer(eqx.Module):
         keys = jax.random.split(key, layers + 3)
         self.embed = eqx.nn.Embedding(vocab, width, dtype=F32, key=keys[0])
         self.position = (
-            0.02 * jax.random.normal(keys[1], (max_len, width), F32)
-            if positions == "learned" else None
+            0.02 * jax.random.normal(keys[1], (max_len, width), F32) if positions == "learned" else None
         )
-        self.blocks = tuple(
-            Block(width, heads, norm, positions == "rope", key=k) for k in keys[3:]
-        )
+        self.blocks = tuple(Block(width, heads, norm, positions == "rope", key=k) for k in keys[3:])
         self.ln = eqx.nn.LayerNorm(width, dtype=F32)
         self.unembed = eqx.nn.Linear(width, out_vocab, dtype=F32, key=keys[2])
         self.causal = causal

@@ -60,9 +60,7 @@ def fit(
 
         def step(carry, idx):
             p, s = carry
-            value, grad = eqx.filter_value_and_grad(
-                lambda p: loss(eqx.combine(p, static), x[idx], y[idx])
-            )(p)
+            value, grad = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), x[idx], y[idx]))(p)
             updates, s = opt.update(grad, s, p)
             return (optax.apply_updates(p, updates), s), value
 
