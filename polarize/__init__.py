@@ -95,3 +95,4 @@ from .sweep import SweepConfig as SweepConfig
 from .sweep import load as load
 from .sweep import run_sweep as run_sweep
 from .trajectory import Trajectory as Trajectory
+from .modified import modified_flow as modified_flow
