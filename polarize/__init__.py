@@ -20,6 +20,7 @@ from .models import (
 from .models import (
     init_keys as init_keys,
 )
+from .modified import modified_flow as modified_flow
 from .normalizations import (
     NORMALIZATIONS as NORMALIZATIONS,
 )
@@ -95,4 +96,3 @@ from .sweep import SweepConfig as SweepConfig
 from .sweep import load as load
 from .sweep import run_sweep as run_sweep
 from .trajectory import Trajectory as Trajectory
-from .modified import modified_flow as modified_flow

@@ -88,7 +88,7 @@ def test_example_rejects_unknown_argument(capsys):
     try:
         module = importlib.import_module("asymptotics")
         with pytest.raises(SystemExit) as exc:
-            module.main(["--smal"])
+            module.main(["--bogus"])
     finally:
         sys.path.remove(str(EXAMPLES))
-    assert exc.value.code == 2 and "unrecognized arguments: --smal" in capsys.readouterr().err
+    assert exc.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err

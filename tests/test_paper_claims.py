@@ -30,7 +30,7 @@ def test_normalizations_split_into_one_hot_and_not():
 
 
 def test_asymptotic_rate_is_inverse_log_squared():
-    """1 - max s ~ C / (log t)^2: the slope of log(1 - s_max) against log log t over [1e20, 1e40] is -2 +- 0.3."""
+    """1 - max s ~ C / (log t)^2: slope of log(1 - s_max) on log log t over [1e20, 1e40] is -2 +- 0.3."""
     obj = pz.random_direction(1, 6)
     model = pz.init_ensemble(0, 64, tokens=6, dim=6)
     ts = np.minimum(pz.save_times(1e40, 24), 1e40)
@@ -49,7 +49,7 @@ def test_asymptotic_rate_is_inverse_log_squared():
 
 
 def test_polarization_grows_with_conditioning():
-    """Square loss (paper 3, n = d = T = 20): ill-conditioned X keeps the residual alive longer, polarizes more."""
+    """Square loss (paper 3, n = d = T = 20): ill-conditioned X keeps the residual alive, polarizes more."""
     model = pz.init_ensemble(0, 8, tokens=20, dim=20, v_scale=1e-5, a_scale=1e-3)
     medians = []
     for kappa in (1.0, 3.0, 5.0):
@@ -117,7 +117,7 @@ def _tied(D, n, norm):
 
 
 def test_tied_model_winning_column_is_a_massive_activation():
-    """beta = U sigma(U a), U(0) = I: the winning column's norm grows far above the median; not for sigmoid."""
+    """beta = U sigma(U a), U(0) = I: the winning column grows far above the median; not for sigmoid."""
     D = 6
     obj = pz.random_direction(3, D)
     ratios = {}
