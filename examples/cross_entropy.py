@@ -1,7 +1,9 @@
 """The paper's KL / cross-entropy objective: L = -sum_k p_k log softmax(V sigma(a))_k.
 
 10 classes, V 10 x 10 (V(0) = 0.1 N(0, 1)), a(0) = 0, p = softmax(10 U[0, 1])
-(`pz.peaked_distribution`), exact flow to t = 1e6 (the paper's 1e7 GD steps at lr 0.1).
+(`pz.peaked_distribution`), exact flow to t = 1e4. (The paper ran 1e7 GD steps at lr 0.1,
+t = 1e6; once the excess loss is ~1e-8 the flow is stiff and explicit solver steps grow
+linearly with t, about 1e5 steps per initialization to t = 1e6, so we stop at 1e4.)
 The loss has a finite minimum, H(p), reached at beta = log p + c, so polarization only
 acts while the excess loss is alive. Shows max weight and entropy bands, the excess
 loss, V's top singular share, and how the winning value column aligns with log p.
@@ -29,7 +31,7 @@ def cosine(x, y) -> np.ndarray:
 
 def main(argv=None) -> dict:
     args = parse("cross_entropy", __doc__.splitlines()[0], argv)
-    n_inits, t1 = (32, 1e4) if args.small else (1000, 1e6)
+    n_inits, t1 = (32, 1e3) if args.small else (1000, 1e4)
     objective = pz.peaked_distribution(args.seed + 1, CLASSES)
     p = np.asarray(objective.p)
     log_p = np.log(p) - np.mean(np.log(p))  # the direction of every minimizer, centered
