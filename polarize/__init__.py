@@ -25,6 +25,7 @@ from .models import (
 from .models import (
     init_keys as init_keys,
 )
+from .modified import modified_flow as modified_flow
 from .normalizations import (
     NORMALIZATIONS as NORMALIZATIONS,
 )

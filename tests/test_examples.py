@@ -1,0 +1,94 @@
+"""Smoke-run every example with --small, in-process (shared JIT caches), and check what it measured."""
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NAMES = [
+    "logistic_polarization",
+    "asymptotics",
+    "normalizations",
+    "conditioning",
+    "flow_vs_gd",
+    "cross_entropy",
+    "massive_activations",
+]
+FIGURES = {
+    "logistic_polarization": ["single.png", "ensemble.png"],
+    "asymptotics": ["rate.png"],
+    "normalizations": ["normalizations.png"],
+    "conditioning": ["conditioning.png"],
+    "flow_vs_gd": ["flow_vs_gd.png"],
+    "cross_entropy": ["cross_entropy.png"],
+    "massive_activations": ["massive_activations.png"],
+}
+
+
+def run(name: str, out: Path) -> dict:
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        module = importlib.import_module(name)
+        numbers = module.main(["--small", "--out", str(out)])
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    for figure in FIGURES[name]:
+        assert (out / figure).stat().st_size > 1000
+    assert json.loads((out / "numbers.json").read_text())["small"] is True
+    return numbers
+
+
+def _finite(tree) -> bool:
+    if isinstance(tree, dict):
+        return all(_finite(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return all(_finite(v) for v in tree)
+    return not isinstance(tree, float) or math.isfinite(tree) or math.isinf(tree)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_small_run(name, tmp_path, capsys):
+    numbers = run(name, tmp_path)
+    assert "numbers:" in capsys.readouterr().out
+    assert _finite(numbers)
+    # each smoke run also checks the claim it measures
+    if name == "logistic_polarization":
+        assert numbers["n_failed"] == 0
+        assert numbers["order_preserved_fraction"] == 1.0 and numbers["winner_is_argmax_u0_fraction"] == 1.0
+        assert numbers["final_one_hot_fraction"] == 1.0 and numbers["final_median_top_share"] > 0.99
+    elif name == "asymptotics":
+        assert abs(numbers["median_slope_T8"] + 2) < 0.3 and numbers["n_failed"] == 0
+        local = list(numbers["local_slopes_T8"].values())
+        assert all(a < b for a, b in zip(local, local[1:], strict=False))  # approaches -2 from below
+        assert numbers["gd_steps_per_second"] > 0 and numbers["t_day"] < 1e40
+    elif name == "normalizations":
+        r = numbers["results"]
+        assert r["logistic/softmax"]["median_max_weight"] > 0.8 > r["logistic/sigmoid"]["median_max_weight"]
+        assert r["square/softmax"]["median_max_weight"] < 0.5  # square loss: mild
+    elif name == "conditioning":
+        k = numbers["by_kappa"]
+        assert k["kappa=1"]["median_max_weight_t300"] < 0.1 < 0.5 < k["kappa=5"]["median_max_weight_t300"]
+    elif name == "flow_vs_gd":
+        assert 0.9 < numbers["slope_gd_vs_flow"] < 1.1 and 1.8 < numbers["slope_gd_vs_modified"] < 2.2
+        for row in numbers["by_lr"].values():
+            assert row["gd_vs_modified"] < 0.1 * row["gd_vs_flow"]
+    elif name == "cross_entropy":
+        assert numbers["n_failed"] == 0 and numbers["median_cos_beta_logp"] > 0.99
+    elif name == "massive_activations":
+        r = numbers["results"]
+        assert r["softmax/D=10"]["median_ratio_final"] > 3 > r["sigmoid/D=10"]["median_ratio_final"]
+
+
+def test_example_rejects_unknown_argument(capsys):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        module = importlib.import_module("asymptotics")
+        with pytest.raises(SystemExit) as exc:
+            module.main(["--bogus"])
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert exc.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
