@@ -10,8 +10,6 @@ from pathlib import Path
 
 from .errors import PolarizeError
 
-SUBCOMMANDS = []  # functions(subparsers) that register more subcommands
-
 
 def _add_sweep(sub) -> None:
     from .normalizations import NORMALIZATIONS
@@ -144,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_study(sub)
     _add_report(sub)
-    for register in SUBCOMMANDS:
-        register(sub)
+    from .transformer.cli import add_subcommands
+
+    add_subcommands(sub)
     return parser
 
 

@@ -53,7 +53,9 @@ def float_dtype(model: AbstractModel):
 
 def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
     """n_save times from t0 to t1, evenly spaced in log(1 + t) (t0 and t1 included)."""
-    return np.expm1(np.linspace(np.log1p(t0), np.log1p(t1), n_save))
+    ts = np.expm1(np.linspace(np.log1p(t0), np.log1p(t1), n_save))
+    ts[0], ts[-1] = t0, t1  # exact ends: log1p/expm1 can round one ulp past t1
+    return ts
 
 
 def _check_times(t0, t1, ts):

@@ -85,8 +85,15 @@ def test_scaling_rows_changes_nothing():
 
 def test_numpy_in_numpy_out_jax_in_jax_out():
     a = np.random.default_rng(4).uniform(size=(2, 3, 4, 4))
-    for f in (sinks.bos_share, sinks.sparsity, sinks.mean_entropy, sinks.importance,
-              sinks.sink_share, sinks.row_entropy, sinks.renormalize):
+    for f in (
+        sinks.bos_share,
+        sinks.sparsity,
+        sinks.mean_entropy,
+        sinks.importance,
+        sinks.sink_share,
+        sinks.row_entropy,
+        sinks.renormalize,
+    ):
         out_np, out_jax = f(a), f(jnp.asarray(a))
         assert isinstance(out_np, np.ndarray) and not isinstance(out_np, type(out_jax))
         assert np.allclose(out_np, np.asarray(out_jax))
@@ -94,9 +101,9 @@ def test_numpy_in_numpy_out_jax_in_jax_out():
 
 def test_massive_activations_needs_both_conditions():
     h = np.full((4, 8), 0.01)
-    h[1, 3] = 150.0   # > 100 and > 1000 x median: massive
+    h[1, 3] = 150.0  # > 100 and > 1000 x median: massive
     h[2, 5] = -200.0  # sign does not matter
-    h[3, 1] = 5.0     # > 1000 x median but not > 100
+    h[3, 1] = 5.0  # > 1000 x median but not > 100
     assert sorted(zip(*np.nonzero(sinks.massive_activations(h)))) == [(1, 3), (2, 5)]
     assert not sinks.massive_activations(np.full((3, 3), 150.0)).any()  # big but typical
 

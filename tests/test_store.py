@@ -39,7 +39,9 @@ def reference(tmp_path_factory):
 def test_sigkill_then_resume_is_bit_identical(reference, tmp_path, capsys):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "polarize.cli", "sweep", *ARGS, "--inits", "5120", "--chunk-size", "128"]
-    proc = subprocess.Popen([*cmd, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 240
     while not (out / "chunks" / "chunk-000001.npz").exists():
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -97,7 +99,9 @@ def test_results_do_not_depend_on_device_count(tmp_path):
     )
     for k in (1, 2):
         env = {**ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={k}"}
-        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"d{k}.npz"), str(k)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / f"d{k}.npz"), str(k)], env=env, check=True
+        )
     one, two = np.load(tmp_path / "d1.npz"), np.load(tmp_path / "d2.npz")
     for k in one.files:
         np.testing.assert_array_equal(one[k], two[k], err_msg=k)

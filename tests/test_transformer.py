@@ -57,8 +57,10 @@ def reference(name, q, k, mask, logit):
                     z = sum(w.values())
                     w = {j: v / z for j, v in w.items()}
             elif name.startswith("elu"):
-                w = {j: sum(_elu1(q[h, i, t]) * _elu1(k[h, j, t]) for t in range(d)) / math.sqrt(d)
-                     for j in keys}
+                w = {
+                    j: sum(_elu1(q[h, i, t]) * _elu1(k[h, j, t]) for t in range(d)) / math.sqrt(d)
+                    for j in keys
+                }
                 if name == "elu-norm":
                     z = sum(w.values())
                     w = {j: v / z for j, v in w.items()}
@@ -76,9 +78,20 @@ def reference(name, q, k, mask, logit):
 
 def test_registry_is_covered_by_the_reference():
     assert set(NORMALIZATIONS) == {
-        "softmax", "softmax1", "softmax-sink", "gated-softmax", "sparsemax", "sigmoid",
-        "sigmoid-bias", "sigmoid-norm", "sigmoid-norm-bias", "elu", "elu-norm", "linear",
-        "linear-norm"}
+        "softmax",
+        "softmax1",
+        "softmax-sink",
+        "gated-softmax",
+        "sparsemax",
+        "sigmoid",
+        "sigmoid-bias",
+        "sigmoid-norm",
+        "sigmoid-norm-bias",
+        "elu",
+        "elu-norm",
+        "linear",
+        "linear-norm",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(NORMALIZATIONS))
@@ -110,15 +123,13 @@ def test_causal_masking_masks(name):
     (lx, ax), (ly, _) = model.forward(x), model.forward(y)
     assert np.allclose(lx[:5], ly[:5], atol=1e-5) and not np.allclose(lx[5:], ly[5:])
     assert np.all(np.triu(np.asarray(ax), k=1) == 0)
-    both = Transformer(20, 20, width=16, heads=2, norm=name, causal=False,
-                       key=jax.random.key(1))
+    both = Transformer(20, 20, width=16, heads=2, norm=name, causal=False, key=jax.random.key(1))
     assert not np.allclose(both(x)[:5], both(y)[:5])
 
 
 @pytest.mark.parametrize("positions", ["none", "learned", "rope"])
 def test_positions(positions):
-    model = Transformer(20, 20, width=16, heads=2, positions=positions, causal=False,
-                        key=jax.random.key(2))
+    model = Transformer(20, 20, width=16, heads=2, positions=positions, causal=False, key=jax.random.key(2))
     x = jnp.asarray([3, 1, 4, 9], jnp.int32)
     perm = jnp.asarray([2, 0, 3, 1])
     # without positions a bidirectional transformer is permutation-equivariant
@@ -166,11 +177,9 @@ def test_tiny_model_learns_induction():
     keys = jax.random.split(jax.random.key(8), 1)
     models = train.stack_models(lambda k: Transformer(51, 51, width=64, heads=4, key=k), keys)
     data = jax.vmap(lambda k: tasks.induction(k, 256 * 70))(keys)
-    models, hist = train.fit(models, train.induction_loss, data, keys, lr=3e-3,
-                             epochs=3, batch=256)
+    models, hist = train.fit(models, train.induction_loss, data, keys, lr=3e-3, epochs=3, batch=256)
     x, y = tasks.induction(jax.random.key(9), 500)
-    acc = eqx.filter_vmap(
-        lambda m: jnp.mean(jnp.argmax(jax.vmap(m)(x)[:, -1], -1) == y[:, -1]))(models)
+    acc = eqx.filter_vmap(lambda m: jnp.mean(jnp.argmax(jax.vmap(m)(x)[:, -1], -1) == y[:, -1]))(models)
     assert hist.shape == (1, 3) and np.all(hist[:, -1] < hist[:, 0])
     assert np.all(np.asarray(acc) > 0.9), acc  # chance is 1/50; guessing from context 1/10
 
@@ -227,8 +236,9 @@ def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
 
 def test_classify_cli(tmp_path):
     out = tmp_path / "cls"
-    assert polarize_main(["classify", "--small", "--norms", "softmax", "--seeds", "1",
-                          "--out", str(out)]) == 0
+    assert (
+        polarize_main(["classify", "--small", "--norms", "softmax", "--seeds", "1", "--out", str(out)]) == 0
+    )
     entry = json.loads((out / "summary.json").read_text())["by_norm"]["softmax"]
     assert 0 <= entry["flip_rate"] <= 1 and entry["pairs"] == 64 and entry["runs"] == 1
     assert (out / "classify.png").exists()
@@ -246,19 +256,28 @@ def test_sinks_cli(tmp_path, capsys):
     assert len([line for line in text.splitlines() if line[:5].strip().isdigit()]) == 6
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["induction", "--norms", "softmax,soft", "--out", "x"],
-     "`norms` must be one of softmax, softmax1,.*got 'soft'"),
-    (["classify", "--seeds", "0", "--out", "x"], "`seeds` must be a positive integer; got 0"),
-    (["induction", "--heads", "two", "--out", "x"],
-     "`--heads` must be a comma-separated list of int; got 'two'"),
-    (["induction", "--heads", "3", "--out", "x"], "`heads` must divide `width`=64; got 3"),
-    (["induction", "--preset", "huge", "--out", "x"],
-     "`preset` must be one of default, small, paper; got 'huge'"),
-    (["sinks", "missing.npz"], "`FILE` must be an existing .npz file; got 'missing.npz'"),
-    (["sinks", "MAPS", "--key", "nope"], "`--key` must be one of attention, flat; got 'nope'"),
-    (["sinks", "MAPS", "--key", "flat"], "`--key` 'flat' must hold numbers shaped"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["induction", "--norms", "softmax,soft", "--out", "x"],
+            "`norms` must be one of softmax, softmax1,.*got 'soft'",
+        ),
+        (["classify", "--seeds", "0", "--out", "x"], "`seeds` must be a positive integer; got 0"),
+        (
+            ["induction", "--heads", "two", "--out", "x"],
+            "`--heads` must be a comma-separated list of int; got 'two'",
+        ),
+        (["induction", "--heads", "3", "--out", "x"], "`heads` must divide `width`=64; got 3"),
+        (
+            ["induction", "--preset", "huge", "--out", "x"],
+            "`preset` must be one of default, small, paper; got 'huge'",
+        ),
+        (["sinks", "missing.npz"], "`FILE` must be an existing .npz file; got 'missing.npz'"),
+        (["sinks", "MAPS", "--key", "nope"], "`--key` must be one of attention, flat; got 'nope'"),
+        (["sinks", "MAPS", "--key", "flat"], "`--key` 'flat' must hold numbers shaped"),
+    ],
+)
 def test_bad_cli_input_messages(argv, message, tmp_path, capsys):
     storage.write_npz(tmp_path / "maps.npz", {"attention": np.ones((2, 3, 3)), "flat": np.ones(3)})
     argv = [str(tmp_path / "maps.npz") if a == "MAPS" else a for a in argv]
