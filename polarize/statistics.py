@@ -51,18 +51,21 @@ def _never_crosses(x: Float[Array, "... times tokens"]) -> Float[Array, "..."]:
     return jnp.all(jnp.diff(ranked, axis=-1) >= 0, axis=(-2, -1))
 
 
-def series(traj: Trajectory) -> dict[str, Array]:
-    """Per-time statistics of every initialization (see `SERIES`), each (*inits, times)."""
-    p = distribution(traj.weights)
+def weight_series(weights: Float[Array, "... tokens"]) -> dict[str, Array]:
+    """Max weight, entropy, effective number of tokens exp(H) and winner of each weight vector."""
+    p = distribution(weights)
     H = entropy(p)
     return {
         "max_weight": jnp.max(p, axis=-1),
         "entropy": H,
         "eff_tokens": jnp.exp(H),
         "winner": jnp.argmax(p, axis=-1).astype(jnp.int32),
-        "top_share": top_singular_share(traj.V),
-        "loss": traj.loss,
     }
+
+
+def series(traj: Trajectory) -> dict[str, Array]:
+    """Per-time statistics of every initialization (see `SERIES`), each (*inits, times)."""
+    return {**weight_series(traj.weights), "top_share": top_singular_share(traj.V), "loss": traj.loss}
 
 
 def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str, Array]:

@@ -38,7 +38,7 @@ from .objectives import (
     random_direction,
     random_labels,
 )
-from .statistics import aggregate, order_statistics, series
+from .statistics import aggregate, order_statistics, top_singular_share, weight_series
 from .storage import read_json, read_npz, write_json, write_npz
 from .store import ChunkStore
 from .trajectory import Trajectory
@@ -228,11 +228,13 @@ def _statistics(objective, ts, keep, V, a, weights, loss):
             ok=jax.numpy.asarray(True),
             status=jax.numpy.asarray(0),
         )
-        ser = series(one)
-        out = {f"final_{k}": v[-1] for k, v in ser.items()}
+        snaps = weight_series(weights[keep])  # keep ends with the final time
+        out = {f"final_{k}": v[-1] for k, v in snaps.items()}
+        out["final_top_share"] = top_singular_share(V[-1])  # one SVD, not one per saved time
+        out["final_loss"] = loss[-1]
         out.update({f"final_{k}": v for k, v in order_statistics(one, objective).items()})
-        out["snap_max_weight"] = ser["max_weight"][keep].astype(jax.numpy.float32)
-        out["snap_entropy"] = ser["entropy"][keep].astype(jax.numpy.float32)
+        out["snap_max_weight"] = snaps["max_weight"].astype(jax.numpy.float32)
+        out["snap_entropy"] = snaps["entropy"].astype(jax.numpy.float32)
         return out
 
     return blockwise(stats, (V, a, weights, loss))
