@@ -35,7 +35,18 @@ def wall(fn, *args):
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (Linux ru_maxrss is in KiB)."""
+    """Peak resident memory of this process so far, in MiB.
+
+    Read from VmHWM in /proc/self/status: ru_maxrss would be wrong in a subprocess,
+    since Linux carries the parent's high-water mark over fork and exec.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
