@@ -20,6 +20,7 @@ import numpy as np
 from .dynamics import params, with_params
 from .ensembles import ensemble_size, over_inits
 from .errors import PolarizeError, check_positive
+from .flow import _check_times, save_times
 from .models import AbstractModel
 from .objectives import AbstractObjective
 from .trajectory import Trajectory, all_finite, observe
@@ -57,14 +58,9 @@ def modified_flow(
     max_steps = check_positive("max_steps", max_steps, integer=True)
     check_positive("rtol", rtol)
     check_positive("atol", atol)
-    if not (np.isfinite(t0) and np.isfinite(t1) and 0 <= t0 < t1):
-        raise PolarizeError(f"`t1` must be greater than `t0` >= 0, both finite; got t0={t0!r}, t1={t1!r}")
+    _check_times(t0, t1, ts)  # the same checks and messages as `flow`
     ensemble_size(model, objective)
-    if ts is None:
-        ts = np.expm1(np.linspace(np.log1p(t0), np.log1p(t1), n_save))
-    ts = np.asarray(ts, dtype=float)
-    if ts.ndim != 1 or ts.size == 0 or np.any(np.diff(ts) < 0) or ts[0] < t0 or ts[-1] > t1:
-        raise PolarizeError(f"`ts` must be a non-empty, non-decreasing 1-D array in [t0, t1] = [{t0}, {t1}]")
+    ts = np.asarray(save_times(t1, n_save, t0) if ts is None else ts, dtype=float)
     dtype = jnp.result_type(float)
     traj = _modified_flow(
         model,

@@ -107,7 +107,7 @@ def test_bad_modified_flow_arguments():
         pz.modified_flow(model, obj, -0.1, t1=1.0)
     with pytest.raises(pz.PolarizeError, match="`t1` must be greater than `t0`"):
         pz.modified_flow(model, obj, 0.1, t1=0.0)
-    with pytest.raises(pz.PolarizeError, match="`ts` must be a non-empty, non-decreasing"):
+    with pytest.raises(pz.PolarizeError, match="`ts` must be non-decreasing and lie in"):
         pz.modified_flow(model, obj, 0.1, t1=1.0, ts=[0.5, 0.2])
 
 
