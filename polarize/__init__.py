@@ -1,9 +1,9 @@
 """polarize: a JAX laboratory for the training dynamics of softmax attention."""
 
-from . import dynamics as dynamics, sinks as sinks, transformer as transformer
+from . import fields as fields, sinks as sinks, status as status, transformer as transformer
 from .descent import descend as descend
 from .errors import PolarizeError as PolarizeError
-from .flow import flow as flow, save_times as save_times
+from .flow import flow as flow, modified_flow as modified_flow
 from .grads import (
     ADJOINTS as ADJOINTS,
     adjoint as adjoint,
@@ -18,7 +18,6 @@ from .models import (
     init_ensemble as init_ensemble,
     init_keys as init_keys,
 )
-from .modified import modified_flow as modified_flow
 from .normalizations import (
     NORMALIZATIONS as NORMALIZATIONS,
     AbstractNormalization as AbstractNormalization,
@@ -49,4 +48,5 @@ from .objectives import (
 from .statistics import Summary as Summary, summarize as summarize
 from .study import load_study as load_study, run_study as run_study
 from .sweep import SweepConfig as SweepConfig, load as load, run_sweep as run_sweep
+from .times import save_times as save_times
 from .trajectory import Trajectory as Trajectory

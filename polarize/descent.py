@@ -14,11 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import ensembles
-from .dynamics import Path, System, choose_path
-from .ensembles import ensemble_size, over_inits
+from . import status as codes
+from .ensembles import Precision, over_inits
 from .errors import PolarizeError, check_positive
-from .flow import Precision, at_precision, float_dtype
+from .fields import Path, prepare
 from .models import AbstractModel
 from .objectives import AbstractObjective
 from .trajectory import Trajectory, all_finite, observe
@@ -49,8 +48,9 @@ def descend(
         model, objective: as for `flow` (either may be batched).
         optimizer: an optax transformation, or a float lr meaning `optax.sgd(lr)`.
         steps: number of updates.
-        lr: the step size used to report time as step x lr (taken from `optimizer`
-            when it is a float); without it, time is the step index.
+        lr: the step size used to report time as step x lr with an optax optimizer
+            (taken from `optimizer` when it is a float: giving another one is refused);
+            without it, time is the step index.
         n_save: about this many saved steps, log-spaced; or `save_at`, explicit indices.
         path: gradient form, as for `flow`. With a float lr (plain gradient descent) "auto"
             may step in the reduced coordinates ("reduced", "span"), which is exactly the
@@ -59,13 +59,19 @@ def descend(
 
     Returns:
         A `Trajectory` with `steps` holding the saved step indices. An initialization
-        that goes NaN/Inf gets ok=False and status 1; others are unaffected.
+        that goes NaN/Inf gets ok=False and status `polarize.status.NONFINITE`; others
+        are unaffected.
     """
     steps = check_positive("steps", steps, integer=True)
     plain = isinstance(optimizer, int | float)
     if plain:
-        lr = check_positive("lr", float(optimizer)) if lr is None else lr
-        optimizer = _sgd(lr)
+        rate = check_positive("lr", float(optimizer))
+        if lr is not None and lr != rate:
+            raise PolarizeError(
+                f"`lr`={lr!r} conflicts with the learning rate {rate!r} given as `optimizer`; "
+                "pass the learning rate once"
+            )
+        lr, optimizer = rate, _sgd(rate)
     elif not isinstance(optimizer, optax.GradientTransformation):
         raise PolarizeError(
             "`optimizer` must be an optax GradientTransformation or a float learning rate; "
@@ -73,18 +79,9 @@ def descend(
         )
     if lr is not None:
         check_positive("lr", lr)
-    precision = precision or jnp.dtype(float_dtype(model)).name  # the objective follows the model
-    model, objective = at_precision((model, objective), precision)
-    ensemble_size(model, objective)
-    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
-    form = choose_path(model, objective, path)
-    if not plain and form in ("reduced", "span"):
-        if path != "auto":
-            raise PolarizeError(
-                f"`path={path!r}` steps in reduced coordinates, exact only for plain gradient "
-                "descent: pass a float learning rate as `optimizer`"
-            )
-        form = "analytic"
+    model, objective, field, block_size = prepare(
+        model, objective, path=path, precision=precision, block_size=block_size, euclidean=not plain
+    )
     if save_at is None:
         marks = save_steps(steps, check_positive("n_save", n_save, integer=True))
     else:
@@ -92,9 +89,10 @@ def descend(
         if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
-    traj = _descend(model, objective, optimizer, marks, System(form), block_size)
+    traj = _descend(model, objective, optimizer, marks, field, block_size)
     ts = jnp.asarray(marks, dtype=traj.V.dtype) * (1.0 if lr is None else lr)
-    return eqx.tree_at(lambda t: t.ts, traj, ts)
+    status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
+    return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
 
 
 # One transformation object per lr, so repeated calls reuse the compiled loop.

@@ -14,14 +14,43 @@ blocks suit accelerators; on CPU a few hundred also keeps lockstep waste of
 adaptive solvers small.
 """
 
+from typing import Literal
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .errors import PolarizeError
+from .errors import PolarizeError, check_choice
+
+Precision = Literal["float32", "float64"]
 
 #: Initializations per vmapped block (part of a result's identity: keep it fixed).
 BLOCK_SIZE = 128
+
+
+def at_precision(tree, precision: Precision | None):
+    """`tree` with every floating array cast to `precision` (unchanged when None).
+
+    float32 halves memory and is faster, at an accuracy cost measured in
+    benchmarks/RESULTS.md; float64 needs `jax_enable_x64`.
+    """
+    if precision is None:
+        return tree
+    check_choice("precision", precision, ("float32", "float64"))
+    if precision == "float64" and not jax.config.jax_enable_x64:
+        raise PolarizeError("`precision='float64'` needs jax.config.update('jax_enable_x64', True)")
+    dtype = jnp.dtype(precision)
+
+    def cast(x):
+        floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating else x
+
+    return jax.tree.map(cast, tree)
+
+
+def float_dtype(model) -> jnp.dtype:
+    """The floating dtype the model's trainable arrays share (the dtype of the flow)."""
+    return jnp.result_type(*(getattr(model, name) for name in model.trainable))
 
 
 def batch_axes(module: eqx.Module):
@@ -72,19 +101,22 @@ def blockwise(fn, tree, *, block_size: int | None = None):
     return jax.tree.map(lambda x: x.reshape((n_blocks * size,) + x.shape[2:])[:n], out)
 
 
-def over_inits(fn, model, objective, *args, block_size: int | None = None):
+def over_inits(fn, model, objective, *args, per_init=None, block_size: int | None = None):
     """fn(model, objective, *args) for every initialization (args are shared).
 
-    Runs in blocks of `block_size` (default `BLOCK_SIZE`); see the module docstring.
+    `per_init`, a pytree whose leaves carry a leading inits axis, is sliced like the
+    model and passed as fn(model, objective, per_init_i, *args). Runs in blocks of
+    `block_size` (default `BLOCK_SIZE`); see the module docstring.
     """
     if ensemble_size(model, objective) is None:
-        return fn(model, objective, *args)
+        return fn(model, objective, *args) if per_init is None else fn(model, objective, per_init, *args)
     is_none = lambda x: x is None
     batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
     dynamic, static = eqx.partition((model, objective), batched)
 
-    def one(dyn):
+    def one(x):
+        dyn, extra = x
         m, o = eqx.combine(dyn, static)
-        return fn(m, o, *args)
+        return fn(m, o, *args) if per_init is None else fn(m, o, extra, *args)
 
-    return blockwise(one, dynamic, block_size=block_size)
+    return blockwise(one, (dynamic, per_init), block_size=block_size)

@@ -1,8 +1,16 @@
-"""The one exception type users see for bad input.
+"""The one exception type users see for bad input, and checks that also hold under jit.
 
 The CLI turns a `PolarizeError` into a single line on stderr and a non-zero exit
-status; the Python API raises it as an ordinary `ValueError`.
+status; the Python API raises it as an ordinary `ValueError`. A check on a value
+traced by `jax.jit`, `jax.grad` or `jax.vmap` cannot raise while tracing; `refuse_if`
+then attaches `eqx.error_if`, so the same message stops the computation at run time.
 """
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 
 
 class PolarizeError(ValueError):
@@ -26,3 +34,28 @@ def check_positive(argument: str, value, *, integer: bool = False):
         kind = "a positive integer" if integer else "a positive finite number"
         raise PolarizeError(f"`{argument}` must be {kind}; got {value!r}")
     return int(value) if integer else value
+
+
+def refuse_if(x, bad: Callable, message: str):
+    """`x`, refused when `bad(x)` holds anywhere: a `PolarizeError` now if `x` is concrete.
+
+    When `x` is traced (under `jax.jit`, `jax.grad`, `jax.vmap`) the check is attached
+    with `eqx.error_if` and stops the computation at run time with the same message;
+    the caller must then use the returned `x`.
+    """
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x)):
+        return eqx.error_if(x, jnp.any(bad(x)), message)
+    with jax.ensure_compile_time_eval():  # concrete values are checked now, even inside a trace
+        refused = bool(jnp.any(bad(x)))
+    if refused:
+        raise PolarizeError(message)
+    return x
+
+
+def shown(value) -> str:
+    """A value for a message: its repr (a float for a scalar), or "a traced value" under jit/grad/vmap."""
+    if isinstance(value, jax.core.Tracer):
+        return "a traced value"
+    if isinstance(value, int | float) or getattr(value, "ndim", None) == 0:
+        return repr(float(value))
+    return repr(value)

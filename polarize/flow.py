@@ -1,9 +1,13 @@
-"""The exact gradient flow dtheta/dt = -grad L(theta), integrated by diffrax.
+"""The exact gradient flow dtheta/dt = -grad L(theta), and the modified flow of GD, by diffrax.
 
 Polarization lives on a logarithmic clock (1 - max s ~ C / (log t)^2 under the
 logistic loss), so by default the ODE is integrated in tau = log(1 + t):
 dtheta/dtau = (1 + t) dtheta/dt. Horizons such as t = 1e30 then take a few hundred
 steps and nothing overflows.
+
+`flow` and `modified_flow` are two thin drivers over one solve: the common preamble
+(`fields.prepare`), the time checks (`times.check_times`), then `engine.integrate` on
+the chosen vector field (`polarize.fields`), in fixed blocks of initializations.
 """
 
 from typing import Literal
@@ -12,69 +16,18 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from . import ensembles
-from .dynamics import Path, System, choose_path
-from .ensembles import ensemble_size, over_inits
-from .errors import PolarizeError, check_choice, check_positive
-from .models import AbstractModel
+from . import status as codes
+from .engine import integrate
+from .ensembles import Precision, batch_axes, ensemble_size, float_dtype, over_inits
+from .errors import check_choice, check_positive, refuse_if, shown
+from .fields import AbstractField, Modified, Path, prepare
+from .models import AbstractModel, params, with_params
 from .objectives import AbstractObjective
+from .times import check_times, save_times as save_times  # save_times also served from here (sweep)
 from .trajectory import Trajectory, all_finite, observe
 
 Clock = Literal["log", "linear"]
-Precision = Literal["float32", "float64"]
-
-
-def at_precision(tree, precision: Precision | None):
-    """`tree` with every floating array cast to `precision` (unchanged when None).
-
-    float32 halves memory and is faster, at an accuracy cost measured in
-    benchmarks/RESULTS.md; float64 needs `jax_enable_x64`.
-    """
-    if precision is None:
-        return tree
-    check_choice("precision", precision, ("float32", "float64"))
-    if precision == "float64" and not jax.config.jax_enable_x64:
-        raise PolarizeError("`precision='float64'` needs jax.config.update('jax_enable_x64', True)")
-    dtype = jnp.dtype(precision)
-
-    def cast(x):
-        floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
-        return x.astype(dtype) if floating else x
-
-    return jax.tree.map(cast, tree)
-
-
-def float_dtype(model: AbstractModel):
-    """The floating dtype the model's trainable arrays share (the dtype of the flow)."""
-    return jnp.result_type(*(getattr(model, name) for name in model.trainable))
-
-
-def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
-    """n_save times from t0 to t1, evenly spaced in log(1 + t) (t0 and t1 included)."""
-    ts = np.expm1(np.linspace(np.log1p(t0), np.log1p(t1), n_save))
-    ts[0], ts[-1] = t0, t1  # exact ends: log1p/expm1 can round one ulp past t1
-    return ts
-
-
-def _check_times(t0, t1, ts):
-    for name, value in (("t0", t0), ("t1", t1)):
-        if isinstance(value, jax.core.Tracer):
-            continue
-        if not np.isfinite(value):
-            raise PolarizeError(f"`{name}` must be finite; got {name}={value!r}")
-    if not isinstance(t0, jax.core.Tracer) and t0 < 0:
-        raise PolarizeError(f"`t0` must be >= 0; got t0={t0!r}")
-    if not any(isinstance(v, jax.core.Tracer) for v in (t0, t1)) and not float(t1) > float(t0):
-        raise PolarizeError(f"`t1` must be greater than `t0`; got t0={t0!r}, t1={t1!r}")
-    traced = any(isinstance(v, jax.core.Tracer) for v in (t0, t1, ts))
-    if ts is not None and not traced:
-        ts_np = np.asarray(ts, dtype=float)
-        if ts_np.ndim != 1 or ts_np.size == 0 or not np.all(np.isfinite(ts_np)):
-            raise PolarizeError("`ts` must be a non-empty 1-D array of finite times")
-        if np.any(np.diff(ts_np) < 0) or ts_np[0] < float(t0) or ts_np[-1] > float(t1):
-            raise PolarizeError(f"`ts` must be non-decreasing and lie in [t0, t1] = [{t0}, {t1}]")
 
 
 def flow(
@@ -107,7 +60,7 @@ def flow(
         rtol, atol: tolerances of the PID step-size controller.
         max_steps: per-initialization cap on solver steps.
         clock: "log" integrates in tau = log(1 + t), "linear" in t itself.
-        path: vector-field form, see `polarize.dynamics` ("auto" picks the cheapest).
+        path: vector-field form, see `polarize.fields` ("auto" picks the cheapest).
         adjoint: diffrax adjoint for gradients through the solve (default: checkpointed).
         precision: "float32" or "float64" casts model and objective first; None (default)
             keeps the model's dtype (an ensemble built in float32 flows in float32).
@@ -115,36 +68,80 @@ def flow(
             results are bit-identical for a fixed block size whatever the batch size.
 
     Returns:
-        A `Trajectory`. A failed initialization gets ok=False and its diffrax result
-        code in `status`; the rest of the batch is unaffected.
+        A `Trajectory`. Every initialization gets a `polarize.status` code; a failed
+        one (ok=False) leaves the rest of the batch unaffected.
     """
+    model, objective, field, block_size = prepare(
+        model, objective, path=path, precision=precision, block_size=block_size
+    )
+    return _solve(
+        model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
+    )
+
+
+def modified_flow(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    lr: float,
+    *,
+    t1: float,
+    t0: float = 0.0,
+    n_save: int = 64,
+    ts=None,
+    solver: diffrax.AbstractSolver | None = None,
+    rtol: float = 1e-8,
+    atol: float = 1e-10,
+    max_steps: int = 100_000,
+    clock: Clock = "log",
+    path: Path = "auto",
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    precision: Precision | None = None,
+    block_size: int | None = None,
+) -> Trajectory:
+    """Integrate the modified flow dtheta/dt = -grad(L + (lr/4)|grad L|^2) of gradient descent.
+
+    Gradient descent at step size lr tracks the plain flow only to O(lr); it tracks this
+    flow to O(lr^2) (backward error analysis: Hairer, Lubich & Wanner; Barrett & Dherin
+    2021, "implicit gradient regularization"). Compare with
+    `descend(model, objective, lr, steps=k)` at time t = k lr; lr = 0 gives the plain
+    flow. Every other argument is as for `flow` (with tighter default tolerances); the
+    field is `fields.Modified(lr, base)` on the `path` form, exact in reduced coordinates
+    too because plain GD is the same iteration there.
+    """
+    bad = lambda lr: ~(jnp.isfinite(lr) & (jnp.asarray(lr) >= 0))
+    lr = refuse_if(lr, bad, f"`lr` must be a finite number >= 0; got {shown(lr)}")
+    model, objective, base, block_size = prepare(
+        model, objective, path=path, precision=precision, block_size=block_size
+    )
+    field = Modified(jnp.asarray(lr, float_dtype(model)), base)
+    return _solve(
+        model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
+    )
+
+
+def _solve(
+    model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
+):
+    """The options' checks, then one integration (the body both drivers share)."""
     check_choice("clock", clock, ("log", "linear"))
     n_save = check_positive("n_save", n_save, integer=True)
     max_steps = check_positive("max_steps", max_steps, integer=True)
     check_positive("rtol", rtol)
     check_positive("atol", atol)
-    _check_times(t0, t1, ts)
-    precision = precision or jnp.dtype(float_dtype(model)).name  # the objective follows the model
-    model, objective = at_precision((model, objective), precision)
-    ensemble_size(model, objective)
-    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
-    form = choose_path(model, objective, path)
+    ends_only = ts is None and n_save == 2  # save t0 and t1 only: no dense interpolation
+    t0, t1, ts = check_times(t0, t1, ts, n_save=n_save, dtype=float_dtype(model))
     solver = diffrax.Tsit5() if solver is None else solver
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
-    ends_only = ts is None and n_save == 2  # save t0 and t1 only: no dense interpolation
-    if ts is None:
-        if isinstance(t1, jax.core.Tracer) or isinstance(t0, jax.core.Tracer):
-            ts = jnp.expm1(jnp.linspace(jnp.log1p(t0), jnp.log1p(t1), n_save))
-        else:
-            ts = save_times(t1, n_save, t0)
-    ts = jnp.asarray(ts, dtype=float_dtype(model))
-    return _flow(
+    single = ensemble_size(model, objective) is None
+    if single:  # one initialization: a batch of one, in a block of one
+        model, block_size = with_params(model, [p[None] for p in params(model)]), 1
+    traj = _integrate(
         model,
         objective,
+        field,
         ts,
-        jnp.asarray(t0, ts.dtype),
-        jnp.asarray(t1, ts.dtype),
-        System(form),
+        t0,
+        t1,
         solver,
         rtol,
         atol,
@@ -154,53 +151,66 @@ def flow(
         block_size,
         ends_only,
     )
+    return jax.tree.map(lambda x: x if x is traj.ts else x[0], traj) if single else traj
 
 
 @eqx.filter_jit
-def _flow(
-    model, objective, ts, t0, t1, system, solver, rtol, atol, max_steps, clock, adjoint, block_size, ends_only
+def _integrate(
+    model,
+    objective,
+    field: AbstractField,
+    ts,
+    t0,
+    t1,
+    solver,
+    rtol,
+    atol,
+    max_steps,
+    clock,
+    adjoint,
+    block_size,
+    ends_only,
 ):
-    log = clock == "log"
-    to_solver = jnp.log1p if log else (lambda t: t)
+    to_solver = jnp.log1p if clock == "log" else (lambda t: t)
 
     def vector_field(s, y, args):
         model, objective, constants = args
-        dy = system.field(y, model, objective, constants)
-        if log:
-            return jax.tree.map(lambda d: jnp.exp(s) * d, dy)
+        dy = field(y, model, objective, constants)
+        if clock == "log":
+            return jax.tree.map(lambda d: jnp.exp(s) * d, dy)  # dy/dtau = (1 + t) dy/dt
         return dy
 
-    def solve_one(model, objective, ts, t0, t1):
-        y0 = system.initial(model, objective)
-        # log1p(expm1(x)) can exceed x by one ulp, and diffrax rejects a save time past t1.
-        save_at = jnp.clip(to_solver(ts), to_solver(t0), to_solver(t1))
-        sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(vector_field),
-            solver,
-            t0=to_solver(t0),
-            t1=to_solver(t1),
-            dt0=None,
-            y0=y0,
-            args=(model, objective, system.constants(model, objective)),
-            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=save_at),
-            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            max_steps=max_steps,
-            adjoint=adjoint,
-            throw=False,
-        )
-        trainable = system.trainable(sol.ys, model, objective)
-        weights, loss = observe(model, objective, trainable)
-        solved = sol.result == diffrax.RESULTS.successful
-        ok = solved & all_finite((trainable, weights, loss))
-        status = jnp.where(solved & ~ok, -1, _result_code(sol.result))
-        return trainable, weights, loss, ok, status, sol.stats["num_accepted_steps"]
-
-    (V, a), weights, loss, ok, status, steps = over_inits(
-        solve_one, model, objective, ts, t0, t1, block_size=block_size
+    y0, constants = over_inits(
+        lambda m, o: (field.initial(m, o), field.constants(m, o)), model, objective, block_size=block_size
     )
-    return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=steps)
+    s0, s1 = to_solver(t0), to_solver(t1)
+    solution = integrate(
+        vector_field,
+        y0,
+        (model, objective, constants),
+        (batch_axes(model), batch_axes(objective), 0),
+        t0=s0,
+        t1=s1,
+        ts=jnp.clip(to_solver(ts), s0, s1),  # log1p(expm1(x)) can exceed x by one ulp
+        ends_only=ends_only,
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        adjoint=adjoint,
+        block_size=block_size,
+    )
 
+    def finish(model, objective, solved):
+        ys, status = solved
+        trainable = field.trainable(ys, model, objective)
+        weights, loss = observe(model, objective, trainable)
+        finite = all_finite((trainable, weights, loss))
+        status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
+        return trainable, weights, loss, status
 
-def _result_code(result) -> jax.Array:
-    # diffrax results are an enumeration; its integer value is stable within a version.
-    return jnp.asarray(result._value, dtype=jnp.int32)
+    (V, a), weights, loss, status = over_inits(
+        finish, model, objective, per_init=(solution.ys, solution.status), block_size=block_size
+    )
+    ok = status == codes.OK
+    return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps)

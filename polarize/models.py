@@ -12,15 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .errors import PolarizeError, check_positive
+from .errors import PolarizeError, check_positive, refuse_if
 from .normalizations import AbstractNormalization, Softmax, normalization
 
 
-def _check_finite(name: str, x) -> None:
-    if isinstance(x, jax.core.Tracer):
-        return
-    if not np.all(np.isfinite(np.asarray(x))):
-        raise PolarizeError(f"`{name}` contains NaN or Inf")
+def finite(name: str, x: Array) -> Array:
+    """`x`, refused when it holds NaN or Inf (also under jit: see `refuse_if`)."""
+    return refuse_if(x, lambda x: ~jnp.isfinite(x), f"`{name}` contains NaN or Inf")
 
 
 class AbstractModel(eqx.Module):
@@ -74,8 +72,8 @@ class ValueAttention(AbstractModel):
     core_ndim: ClassVar[dict[str, int]] = {"V": 2, "a": 1}
 
     def __init__(self, V, a, norm: AbstractNormalization | str = "softmax"):
-        self.V = jnp.asarray(V)
-        self.a = jnp.asarray(a)
+        self.V = finite("V", jnp.asarray(V))
+        self.a = finite("a", jnp.asarray(a))
         self.norm = normalization(norm)
 
     def __check_init__(self):
@@ -88,8 +86,6 @@ class ValueAttention(AbstractModel):
                 f"`a` must have shape {self.V.shape[:-2] + self.V.shape[-1:]} to match "
                 f"`V` of shape {self.V.shape}; got {self.a.shape}"
             )
-        _check_finite("V", self.V)
-        _check_finite("a", self.a)
 
     def logits(self):
         return self.a
@@ -112,8 +108,8 @@ class TiedValueAttention(AbstractModel):
     core_ndim: ClassVar[dict[str, int]] = {"U": 2, "a": 1}
 
     def __init__(self, U, a, norm: AbstractNormalization | str = "softmax"):
-        self.U = jnp.asarray(U)
-        self.a = jnp.asarray(a)
+        self.U = finite("U", jnp.asarray(U))
+        self.a = finite("a", jnp.asarray(a))
         self.norm = normalization(norm)
 
     def __check_init__(self):
@@ -123,14 +119,22 @@ class TiedValueAttention(AbstractModel):
             )
         if self.a.shape != self.U.shape[:-1]:
             raise PolarizeError(f"`a` must have shape {self.U.shape[:-1]} to match `U`; got {self.a.shape}")
-        _check_finite("U", self.U)
-        _check_finite("a", self.a)
 
     def logits(self):
         return jnp.einsum("...ij,...j->...i", self.U, self.a)
 
     def values(self):
         return self.U
+
+
+def params(model: AbstractModel) -> tuple:
+    """The trainable arrays of `model`, in `model.trainable` order."""
+    return tuple(getattr(model, name) for name in model.trainable)
+
+
+def with_params(model: AbstractModel, values) -> AbstractModel:
+    """`model` with its trainable arrays replaced by `values`."""
+    return eqx.tree_at(lambda m: [getattr(m, n) for n in m.trainable], model, list(values))
 
 
 def as_key(key: PRNGKeyArray | int) -> PRNGKeyArray:

@@ -15,10 +15,9 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .errors import PolarizeError, check_choice
+from .errors import PolarizeError, check_choice, refuse_if, shown
 
 
 class AbstractNormalization(eqx.Module):
@@ -64,28 +63,26 @@ def _ratio(h, dh):
     return call, vjp
 
 
-def _check_positive_scalar(name: str, value) -> None:
-    # numpy, not jnp: under jit even a Python float would become a tracer in jnp
-    if isinstance(value, jax.core.Tracer):
-        return
-    if not np.all(np.isfinite(value)) or np.any(np.asarray(value) <= 0):
-        raise PolarizeError(f"`{name}` must be a positive finite number; got {value!r}")
+def _positive(name: str, value):
+    """`value` if positive and finite, else refused (under jit too, see `refuse_if`)."""
+    bad = lambda x: ~(jnp.isfinite(x) & (jnp.asarray(x) > 0))
+    return refuse_if(value, bad, f"`{name}` must be a positive finite number; got {shown(value)}")
 
 
-def _check_finite_scalar(name: str, value) -> None:
-    if isinstance(value, jax.core.Tracer):
-        return
-    if not np.all(np.isfinite(value)):
-        raise PolarizeError(f"`{name}` must be a finite number; got {value!r}")
+def _finite(name: str, value):
+    """`value` if finite, else refused (under jit too, see `refuse_if`)."""
+    return refuse_if(
+        value, lambda x: ~jnp.isfinite(x), f"`{name}` must be a finite number; got {shown(value)}"
+    )
 
 
 class Softmax(AbstractNormalization):
     """s = softmax(a / temperature); J^T c = s (c - <s, c>) / temperature."""
 
-    temperature: Float[ArrayLike, ""] = 1.0
+    temperature: Float[ArrayLike, ""]
 
-    def __check_init__(self):
-        _check_positive_scalar("temperature", self.temperature)
+    def __init__(self, temperature: Float[ArrayLike, ""] = 1.0):
+        self.temperature = _positive("temperature", temperature)
 
     def __call__(self, a):
         return jax.nn.softmax(a / self.temperature, axis=-1)
@@ -102,11 +99,11 @@ class Softmax1(AbstractNormalization):
     "softmax plus one". J^T c = s (c - <s, c>).
     """
 
-    sink: Float[ArrayLike, ""] = 0.0
+    sink: Float[ArrayLike, ""]
     simplex: ClassVar[bool] = False
 
-    def __check_init__(self):
-        _check_finite_scalar("sink", self.sink)
+    def __init__(self, sink: Float[ArrayLike, ""] = 0.0):
+        self.sink = _finite("sink", sink)
 
     def __call__(self, a):
         sink = jnp.broadcast_to(jnp.asarray(self.sink, a.dtype), a.shape[:-1] + (1,))

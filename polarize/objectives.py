@@ -4,28 +4,38 @@ Like models, an objective may carry a leading batch axis (one dataset or target
 per initialization); `core_ndim` gives each array's rank for a single one.
 """
 
+import abc
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .errors import PolarizeError, check_positive
-from .models import _check_finite, as_key
+from .errors import PolarizeError, check_positive, refuse_if
+from .models import as_key, finite
 
 
 class AbstractObjective(eqx.Module):
-    """A scalar loss of beta = V sigma(a)."""
+    """A scalar loss of beta = V sigma(a), with its gradient.
+
+    `grad(beta)` is jax.grad of the loss unless a final class writes it in closed form.
+    An objective of one direction, L = l(<b, beta>), returns b from `direction()` and
+    the scalar residual e = -l'(m) from `residual(m)`.
+    """
 
     core_ndim: ClassVar[dict[str, int]]
 
+    @abc.abstractmethod
     def __call__(self, beta: Float[Array, " dim"]) -> Float[Array, ""]:
         raise NotImplementedError
 
+    def grad(self, beta: Float[Array, " dim"]) -> Float[Array, " dim"]:
+        """grad L(beta)."""
+        return jax.grad(self)(beta)
+
     def direction(self) -> Float[Array, "*batch dim"] | None:
-        """The unit target direction b when the loss depends on beta only through <b, beta>."""
+        """The target direction b when the loss depends on beta only through <b, beta>."""
         return None
 
     @property
@@ -37,89 +47,124 @@ class AbstractObjective(eqx.Module):
         return None
 
 
+class AbstractDataObjective(AbstractObjective):
+    """L(beta) = l(X beta) over a dataset (X, y): the gradient lies in the row span of X.
+
+    `residual(z)` is e = -grad_z l(z) in closed form, so grad L(beta) = -X^T e(X beta).
+    """
+
+    X: eqx.AbstractVar[Float[Array, "*batch samples dim"]]
+    y: eqx.AbstractVar[Float[Array, "*batch samples"]]
+
+    @abc.abstractmethod
+    def residual(self, z: Float[Array, " samples"]) -> Float[Array, " samples"]:
+        raise NotImplementedError
+
+    def grad(self, beta):
+        return -self.X.T @ self.residual(self.X @ beta)
+
+
 class LogisticDirection(AbstractObjective):
-    """L = log(1 + exp(-<b, beta>)) along a unit direction b (normalized on construction)."""
+    """L = log(1 + exp(-<b, beta>)) along a unit direction b (normalized on construction).
+
+    grad L = -b e with the residual e(m) = sigmoid(-m) at the margin m = <b, beta>.
+    """
 
     b: Float[Array, "*batch dim"]
     core_ndim: ClassVar[dict[str, int]] = {"b": 1}
 
     def __init__(self, b):
-        b = jnp.asarray(b)
-        _check_finite("b", b)
+        b = finite("b", jnp.asarray(b))
         if b.ndim not in (1, 2):
             raise PolarizeError(f"`b` must have shape (dim,) or (inits, dim); got {b.shape}")
-        norm = jnp.linalg.norm(b, axis=-1, keepdims=True)
-        if not isinstance(b, jax.core.Tracer) and np.any(np.asarray(norm) == 0):
-            raise PolarizeError("`b` must be non-zero")
-        self.b = b / norm
+        b = refuse_if(b, lambda b: jnp.all(b == 0, axis=-1), "`b` must be non-zero")
+        self.b = b / jnp.linalg.norm(b, axis=-1, keepdims=True)
 
     def __call__(self, beta):
         return jax.nn.softplus(-jnp.dot(self.b, beta))
+
+    def grad(self, beta):
+        return -self.b * self.residual(jnp.dot(self.b, beta))
+
+    def residual(self, margin: Float[Array, ""]) -> Float[Array, ""]:
+        """e = -l'(m) for l(m) = log(1 + exp(-m))."""
+        return jax.nn.sigmoid(-margin)
 
     def direction(self):
         return self.b
 
 
-class LogisticData(AbstractObjective):
-    """Mean logistic loss over a labelled dataset: mean_i log(1 + exp(-y_i <x_i, beta>)), y in {-1, +1}."""
+class LogisticData(AbstractDataObjective):
+    """Mean logistic loss over a labelled dataset: mean_i log(1 + exp(-y_i <x_i, beta>)), y in {-1, +1}.
+
+    e_i = y_i sigmoid(-y_i z_i) / n.
+    """
 
     X: Float[Array, "*batch samples dim"]
     y: Float[Array, "*batch samples"]
     core_ndim: ClassVar[dict[str, int]] = {"X": 2, "y": 1}
 
     def __init__(self, X, y):
-        self.X, self.y = jnp.asarray(X), jnp.asarray(y, dtype=jnp.result_type(float))
-        _check_data_shapes(self.X, self.y)
-        if not isinstance(self.y, jax.core.Tracer) and not np.all(np.abs(np.asarray(self.y)) == 1):
-            raise PolarizeError("`y` must hold labels -1 or +1 for LogisticData")
+        X, y = jnp.asarray(X), jnp.asarray(y, dtype=jnp.result_type(float))
+        _check_data_shapes(X, y)
+        self.X = finite("X", X)
+        self.y = refuse_if(
+            finite("y", y), lambda y: jnp.abs(y) != 1, "`y` must hold labels -1 or +1 for LogisticData"
+        )
 
     def __call__(self, beta):
         return jnp.mean(jax.nn.softplus(-self.y * (self.X @ beta)))
 
+    def residual(self, z):
+        return self.y * jax.nn.sigmoid(-self.y * z) / z.shape[-1]
 
-class Square(AbstractObjective):
-    """L = |y - X beta|^2 (X = identity when None: L = |y - beta|^2)."""
+
+class Square(AbstractDataObjective):
+    """L = |y - X beta|^2 (X = identity when None: L = |y - beta|^2); e = 2 (y - z)."""
 
     X: Float[Array, "*batch samples dim"]
     y: Float[Array, "*batch samples"]
     core_ndim: ClassVar[dict[str, int]] = {"X": 2, "y": 1}
 
     def __init__(self, X, y):
-        self.y = jnp.asarray(y)
+        y = jnp.asarray(y)
         if X is None:
-            X = jnp.broadcast_to(
-                jnp.eye(self.y.shape[-1], dtype=self.y.dtype), self.y.shape[:-1] + self.y.shape[-1:] * 2
-            )
-        self.X = jnp.asarray(X)
-        _check_data_shapes(self.X, self.y)
+            X = jnp.broadcast_to(jnp.eye(y.shape[-1], dtype=y.dtype), y.shape[:-1] + y.shape[-1:] * 2)
+        X = jnp.asarray(X)
+        _check_data_shapes(X, y)
+        self.X, self.y = finite("X", X), finite("y", y)
 
     def __call__(self, beta):
         return jnp.sum(jnp.square(self.y - self.X @ beta))
 
+    def residual(self, z):
+        return 2 * (self.y - z)
+
 
 class CrossEntropy(AbstractObjective):
-    """L = -sum_k p_k log softmax(beta)_k for a target distribution p over dim classes."""
+    """L = -sum_k p_k log softmax(beta)_k for a target distribution p over dim classes.
+
+    grad L = softmax(beta) sum(p) - p.
+    """
 
     p: Float[Array, "*batch dim"]
     core_ndim: ClassVar[dict[str, int]] = {"p": 1}
 
     def __init__(self, p):
-        self.p = jnp.asarray(p)
-        _check_finite("p", self.p)
-        if self.p.ndim not in (1, 2):
-            raise PolarizeError(f"`p` must have shape (dim,) or (inits, dim); got {self.p.shape}")
-        if not isinstance(self.p, jax.core.Tracer):
-            p = np.asarray(self.p)
-            if np.any(p < 0) or not np.allclose(p.sum(-1), 1.0, atol=1e-6):
-                raise PolarizeError("`p` must be a probability vector (non-negative, summing to 1)")
+        p = finite("p", jnp.asarray(p))
+        if p.ndim not in (1, 2):
+            raise PolarizeError(f"`p` must have shape (dim,) or (inits, dim); got {p.shape}")
+        bad = lambda p: jnp.any(p < 0) | ~jnp.allclose(p.sum(-1), 1.0, atol=1e-6)
+        self.p = refuse_if(p, bad, "`p` must be a probability vector (non-negative, summing to 1)")
 
     def __call__(self, beta):
         return -jnp.sum(self.p * jax.nn.log_softmax(beta))
 
+    def grad(self, beta):
+        return jax.nn.softmax(beta) * jnp.sum(self.p) - self.p
+
 
 def _check_data_shapes(X, y) -> None:
-    _check_finite("X", X)
-    _check_finite("y", y)
     if X.ndim not in (2, 3) or y.ndim != X.ndim - 1 or X.shape[:-1] != y.shape:
         raise PolarizeError(
             f"`X` of shape (samples, dim) needs `y` of shape (samples,) (each with an optional "

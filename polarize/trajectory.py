@@ -5,17 +5,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from .dynamics import with_params
+from .models import with_params
 
 
 class Trajectory(eqx.Module):
     """Saved states. Arrays are (inits, times, ...) for a batched model, (times, ...) otherwise.
 
     `ts` are the times (shared by all initializations): flow time, or steps x lr for
-    descent. `ok` is False for an initialization whose solve failed or went
-    non-finite; `status` holds the solver's result code (0 = success) or, for
-    descent, 1 where it diverged. `steps` is the step index (descent) or the number
-    of accepted solver steps (flow, per initialization).
+    descent. `status` holds a `polarize.status` code per initialization (OK,
+    MAX_STEPS, SOLVER_FAILED, NONFINITE, DIVERGED) and `ok` is `status == OK`.
+    `steps` is the step index (descent) or the number of accepted solver steps
+    (flow, per initialization).
     """
 
     ts: Float[Array, " times"]

@@ -37,7 +37,7 @@ def test_descend_equals_python_loop():
         saved = {0: theta}
         for k in range(1, 8):
             m = pz.ValueAttention(*theta, model.norm)
-            grads = pz.dynamics.gradient(m, obj)
+            grads = pz.fields.gradient(m, obj)
             updates, state = opt.update(grads, state, theta)
             theta = optax.apply_updates(theta, updates)
             saved[k] = theta
@@ -64,7 +64,7 @@ def test_divergence_is_flagged_per_initialization():
     obj = pz.Square(None, jnp.ones(3))
     traj = pz.descend(model, obj, 2.0, steps=1000, n_save=4)
     assert list(np.asarray(traj.ok)) == [True, False, True, True]
-    assert list(np.asarray(traj.status)) == [0, 1, 0, 0]
+    assert list(np.asarray(traj.status)) == [pz.status.OK, pz.status.NONFINITE, pz.status.OK, pz.status.OK]
     summary = pz.summarize(traj, obj)
     assert summary.aggregates["n_failed"] == 1
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize.dynamics import System, gradient
+from polarize.fields import Analytic, Autodiff, Reduced, gradient
 
 
 def objectives(dim, key=3):
@@ -53,8 +53,8 @@ def test_analytic_field_equals_autodiff(norm, objective):
     model = one_model(norm)
     obj = objectives(5)[objective]
     y = (model.V, model.a)
-    fast = System("analytic").field(y, model, obj)
-    ref = System("autodiff").field(y, model, obj)
+    fast = Analytic().field(y, model, obj)
+    ref = Autodiff().field(y, model, obj)
     for x, r in zip(fast, ref, strict=True):
         np.testing.assert_allclose(x, r, rtol=1e-10, atol=1e-13)
 
@@ -64,8 +64,8 @@ def test_reduced_field_equals_projected_autodiff(norm):
     """du/dt = b^T dV/dt and da/dt from the (u, a) system equal the full field's."""
     model = one_model(norm)
     obj = objectives(5)["logistic"]
-    dV, da = System("autodiff").field((model.V, model.a), model, obj)
-    du_red, da_red = System("reduced").field((model.V.T @ obj.b, model.a), model, obj)
+    dV, da = Autodiff().field((model.V, model.a), model, obj)
+    du_red, da_red = Reduced().field((model.V.T @ obj.b, model.a), model, obj)
     np.testing.assert_allclose(du_red, dV.T @ obj.b, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(da_red, da, rtol=1e-10, atol=1e-14)
     # and dV/dt is exactly b (du/dt)^T: V moves only along b

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import polarize as pz
-from polarize.dynamics import System, choose_path
+from polarize.fields import Analytic, Autodiff, Reduced, Span, choose_field
 
 DIM, TOKENS, SAMPLES = 6, 5, 3  # samples < dim: where "span" is the cheaper form
 
@@ -36,20 +36,21 @@ def test_span_field_equals_autodiff(norm, kind):
     W = 0.4 * jax.random.normal(jax.random.key(5), (SAMPLES, TOKENS))
     model0 = pz.ValueAttention(V0, a, m.norm)
     V = V0 + obj.X.T @ W
-    dV, da = System("autodiff").field((V, a), pz.ValueAttention(V, a, m.norm), obj)
-    dW, da_span = System("span").field((W, a), model0, obj)
+    dV, da = Autodiff().field((V, a), pz.ValueAttention(V, a, m.norm), obj)
+    dW, da_span = Span().field((W, a), model0, obj)
     np.testing.assert_allclose(obj.X.T @ dW, dV, rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(da_span, da, rtol=1e-10, atol=1e-13)
 
 
 def test_auto_picks_span_only_where_cheaper():
     m = ensemble()
-    assert choose_path(m, data_objective("square")) == "span"
-    assert choose_path(m, data_objective("logistic-data")) == "span"
-    assert choose_path(m, data_objective("square", samples=DIM)) == "analytic"
-    assert choose_path(m, pz.random_direction(0, DIM)) == "reduced"
+    assert choose_field(m, data_objective("square")) == Span()
+    assert choose_field(m, data_objective("logistic-data")) == Span()
+    assert choose_field(m, data_objective("square", samples=DIM)) == Analytic()
+    assert choose_field(m, pz.random_direction(0, DIM)) == Reduced()
+    assert choose_field(m, pz.random_direction(0, DIM), euclidean=True) == Analytic()
     with pytest.raises(pz.PolarizeError, match="path='span'.*Square or LogisticData"):
-        choose_path(m, pz.random_direction(0, DIM), "span")
+        choose_field(m, pz.random_direction(0, DIM), "span")
 
 
 @pytest.mark.parametrize("kind, norm", [("square", "softmax"), ("logistic-data", "relu-norm")])
