@@ -1,12 +1,14 @@
-"""The vector field: analytic replicator form, and the three exact forms agreeing."""
+"""The vector fields of `polarize.fields`: replicator form, exact forms agreeing, modified field."""
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import polarize as pz
-from polarize.fields import Analytic, Autodiff, Reduced, gradient
+from polarize.fields import FIELDS, Analytic, Autodiff, Modified, Reduced, gradient, modified_loss
+from polarize.models import with_params
 
 
 def objectives(dim, key=3):
@@ -106,3 +108,35 @@ def test_forced_path_that_does_not_apply_is_refused():
         pz.flow(tied, pz.random_direction(0, 3), t1=1.0, path="analytic")
     with pytest.raises(pz.PolarizeError, match="`path` must be one of auto, autodiff"):
         pz.flow(model, objectives(5)["square"], t1=1.0, path="fast")
+
+
+@pytest.mark.parametrize("base", ["autodiff", "analytic", "reduced", "span"])
+def test_modified_field_is_minus_the_gradient_of_the_modified_loss(base):
+    """Modified(lr, base) = f - (lr/2) f'f equals -grad(L + lr/4 |grad L|^2), in every coordinate form."""
+    model, lr = one_model(), 0.3
+    obj = objectives(5)["square" if base == "span" else "logistic"]
+    ref = jax.grad(lambda p: modified_loss(with_params(model, p), obj, lr))((model.V, model.a))
+    dV, da = (-g for g in ref)
+    field = Modified(lr, FIELDS[base]())
+    dy, dz = field.field(field.initial(model, obj), model, obj)
+    if base == "reduced":  # V moves along b only, u = V^T b
+        dy = np.outer(obj.b, dy)
+    if base == "span":  # V = V(0) + X^T W
+        dy = obj.X.T @ dy
+    np.testing.assert_allclose(dy, dV, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(dz, da, rtol=1e-10, atol=1e-13)
+
+
+def test_modified_flow_takes_every_option_of_flow():
+    """Reduced coordinates, linear clock, another solver and block size: the same modified flow."""
+    model = pz.init_ensemble(1, 3, tokens=4, dim=3, v_scale=0.5, a_scale=0.5)
+    obj = pz.random_direction(2, 3)
+    kw = dict(t1=20.0, n_save=3, rtol=1e-11, atol=1e-13)
+    ref = pz.modified_flow(model, obj, 0.2, path="autodiff", **kw)
+    fast = pz.modified_flow(
+        model, obj, 0.2, path="reduced", clock="linear", solver=diffrax.Dopri8(), block_size=2, **kw
+    )
+    assert bool(np.all(ref.ok)) and bool(np.all(fast.ok))
+    np.testing.assert_allclose(fast.V, ref.V, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(fast.a, ref.a, rtol=0, atol=1e-8)
+    assert not np.allclose(ref.a, pz.flow(model, obj, **kw).a, atol=1e-4)  # lr = 0.2 is not the flow

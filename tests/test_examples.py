@@ -42,12 +42,13 @@ def run(name: str, out: Path) -> dict:
     return numbers
 
 
-def _finite(tree) -> bool:
+def _finite(tree, never: bool = False) -> bool:
+    """No NaN anywhere; inf only for a time to reach a level (`t_...`, `median_t_...`: never reached)."""
     if isinstance(tree, dict):
-        return all(_finite(v) for v in tree.values())
+        return all(_finite(v, k.startswith(("t_", "median_t_"))) for k, v in tree.items())
     if isinstance(tree, list | tuple):
-        return all(_finite(v) for v in tree)
-    return not isinstance(tree, float) or math.isfinite(tree) or math.isinf(tree)
+        return all(_finite(v, never) for v in tree)
+    return not isinstance(tree, float) or math.isfinite(tree) or (never and tree == math.inf)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -78,6 +79,8 @@ def test_example_small_run(name, tmp_path, capsys):
             assert row["gd_vs_modified"] < 0.1 * row["gd_vs_flow"]
     elif name == "cross_entropy":
         assert numbers["n_failed"] == 0 and numbers["median_cos_beta_logp"] > 0.99
+        # polarization itself (uniform is 0.1; measured at --small: median 0.93, one-hot share 0.97)
+        assert numbers["median_max_weight"] > 0.85 and numbers["one_hot_fraction"] > 0.8
     elif name == "massive_activations":
         r = numbers["results"]
         assert r["softmax/D=10"]["median_ratio_final"] > 3 > r["sigmoid/D=10"]["median_ratio_final"]

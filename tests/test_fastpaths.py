@@ -99,7 +99,8 @@ def test_float32_mode_flows_in_float32_close_to_float64():
         assert tr.V.dtype == tr.weights.dtype == tr.ts.dtype == jnp.float32
         assert ref.V.dtype == jnp.float64
         assert bool(np.all(tr.ok))
-        np.testing.assert_allclose(tr.weights, ref.weights, rtol=0, atol=1e-3)
+        # measured: 8e-6 (built in float32) and 3e-7 (cast); 5x headroom, far below a wrong field's O(0.1)
+        np.testing.assert_allclose(tr.weights, ref.weights, rtol=0, atol=4e-5)
     d32 = pz.descend(m64, obj, 0.1, steps=50, n_save=2, precision="float32")
     assert d32.V.dtype == jnp.float32
     with pytest.raises(pz.PolarizeError, match="`precision` must be one of float32, float64"):

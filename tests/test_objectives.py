@@ -1,0 +1,65 @@
+"""Each objective's loss, closed-form gradient and residual against independent formulas."""
+
+import jax
+import numpy as np
+import pytest
+from scipy.special import expit, log_softmax
+
+import polarize as pz
+
+DIM, SAMPLES = 5, 7
+
+
+def beta(scale, seed=0):
+    return scale * np.random.default_rng(seed).standard_normal(DIM)
+
+
+def objectives():
+    return {
+        "logistic-direction": pz.random_direction(1, DIM),
+        "logistic-data": pz.random_labels(2, SAMPLES, DIM),
+        "square": pz.conditioned_regression(3, SAMPLES, DIM, 3.0),
+        "cross-entropy": pz.peaked_distribution(4, DIM),
+    }
+
+
+def numpy_loss(name, obj, b):
+    """The losses written with numpy and scipy.special only."""
+    if name == "logistic-direction":
+        return np.logaddexp(0.0, -np.asarray(obj.b) @ b)
+    if name == "logistic-data":
+        return np.mean(np.logaddexp(0.0, -np.asarray(obj.y) * (np.asarray(obj.X) @ b)))
+    if name == "square":
+        return np.sum((np.asarray(obj.y) - np.asarray(obj.X) @ b) ** 2)
+    return -np.sum(np.asarray(obj.p) * log_softmax(b))
+
+
+@pytest.mark.parametrize("name", list(objectives()))
+@pytest.mark.parametrize("scale", [0.5, 50.0])  # large margins: no overflow in log(1 + exp(.))
+def test_loss_matches_numpy(name, scale):
+    obj, b = objectives()[name], beta(scale)
+    np.testing.assert_allclose(obj(b), numpy_loss(name, obj, b), rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("name", list(objectives()))
+@pytest.mark.parametrize("scale", [0.5, 50.0])
+def test_closed_form_gradient_equals_autodiff(name, scale):
+    obj, b = objectives()[name], beta(scale)
+    np.testing.assert_allclose(obj.grad(b), jax.grad(obj)(b), rtol=1e-10, atol=1e-14)
+
+
+def test_residuals_match_their_formulas():
+    objs, z = objectives(), np.random.default_rng(1).standard_normal(SAMPLES)
+    data, square = objs["logistic-data"], objs["square"]
+    y = np.asarray(data.y)
+    np.testing.assert_allclose(data.residual(z), y * expit(-y * z) / SAMPLES, rtol=1e-12)
+    np.testing.assert_allclose(square.residual(z), 2 * (np.asarray(square.y) - z), rtol=1e-12)
+    np.testing.assert_allclose(objs["logistic-direction"].residual(z[0]), expit(-z[0]), rtol=1e-12)
+
+
+def test_cross_entropy_minimum_is_the_entropy_of_p():
+    """L(log p) = H(p): the value at the optimum, an identity independent of the code."""
+    obj = objectives()["cross-entropy"]
+    p = np.asarray(obj.p)
+    np.testing.assert_allclose(obj(np.log(p)), -np.sum(p * np.log(p)), rtol=1e-12)
+    np.testing.assert_allclose(obj.grad(np.log(p)), 0.0, atol=1e-14)
