@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ensembles
+from . import ensembles, status as codes
 from .dynamics import Path, System, choose_path
+from .engine import integrate
 from .ensembles import ensemble_size, over_inits
 from .errors import PolarizeError, check_choice, check_positive
 from .models import AbstractModel
@@ -170,37 +171,51 @@ def _flow(
             return jax.tree.map(lambda d: jnp.exp(s) * d, dy)
         return dy
 
-    def solve_one(model, objective, ts, t0, t1):
-        y0 = system.initial(model, objective)
-        # log1p(expm1(x)) can exceed x by one ulp, and diffrax rejects a save time past t1.
-        save_at = jnp.clip(to_solver(ts), to_solver(t0), to_solver(t1))
-        sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(vector_field),
-            solver,
-            t0=to_solver(t0),
-            t1=to_solver(t1),
-            dt0=None,
-            y0=y0,
-            args=(model, objective, system.constants(model, objective)),
-            saveat=diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=save_at),
-            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            max_steps=max_steps,
-            adjoint=adjoint,
-            throw=False,
+    single = ensemble_size(model, objective) is None
+    if single:  # the engine always sees an inits axis
+        model = eqx.tree_at(
+            lambda m: [getattr(m, n) for n in m.trainable],
+            model,
+            [getattr(model, n)[None] for n in model.trainable],
         )
-        trainable = system.trainable(sol.ys, model, objective)
-        weights, loss = observe(model, objective, trainable)
-        solved = sol.result == diffrax.RESULTS.successful
-        ok = solved & all_finite((trainable, weights, loss))
-        status = jnp.where(solved & ~ok, -1, _result_code(sol.result))
-        return trainable, weights, loss, ok, status, sol.stats["num_accepted_steps"]
-
-    (V, a), weights, loss, ok, status, steps = over_inits(
-        solve_one, model, objective, ts, t0, t1, block_size=block_size
+    axes = (ensembles.batch_axes(model), ensembles.batch_axes(objective))
+    y0, constants = over_inits(
+        lambda m, o: (system.initial(m, o), system.constants(m, o)), model, objective, block_size=block_size
     )
+    # log1p(expm1(x)) can exceed x by one ulp, and diffrax rejects a save time past t1.
+    save_at = jnp.clip(to_solver(ts), to_solver(t0), to_solver(t1))
+    sol = integrate(
+        vector_field,
+        y0,
+        (model, objective, constants),
+        (*axes, 0),
+        t0=to_solver(t0),
+        t1=to_solver(t1),
+        ts=save_at,
+        ends_only=ends_only,
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        adjoint=adjoint,
+        block_size=block_size,
+    )
+
+    def finish(model, objective, ys, status):
+        trainable = system.trainable(ys, model, objective)
+        weights, loss = observe(model, objective, trainable)
+        ok = (status == codes.OK) & all_finite((trainable, weights, loss))
+        return trainable, weights, loss, ok, jnp.where((status == codes.OK) & ~ok, codes.NONFINITE, status)
+
+    is_none = lambda x: x is None
+    batched = jax.tree.map(lambda ax: ax == 0, axes, is_leaf=is_none)
+    dynamic, static = eqx.partition((model, objective), batched)
+    (V, a), weights, loss, ok, status = ensembles.blockwise(
+        lambda x: finish(*eqx.combine(x[0], static), x[1], x[2]),
+        (dynamic, sol.ys, sol.status),
+        block_size=block_size,
+    )
+    steps = sol.steps
+    if single:
+        V, a, weights, loss, ok, status, steps = (x[0] for x in (V, a, weights, loss, ok, status, steps))
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=steps)
-
-
-def _result_code(result) -> jax.Array:
-    # diffrax results are an enumeration; its integer value is stable within a version.
-    return jnp.asarray(result._value, dtype=jnp.int32)
