@@ -66,7 +66,7 @@ def integrate(
     max_steps: int,
     adjoint: diffrax.AbstractAdjoint | None = None,
     block_size: int | None = None,
-    method: Method = "diffeqsolve",
+    method: Method = "batched",
 ) -> Solution:
     """Solve dy/ds = field(s, y, args) from t0 to t1 for every initialization.
 
