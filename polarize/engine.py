@@ -85,7 +85,10 @@ def integrate(
     check_choice("method", method, METHODS)
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     block_size = block_size or BLOCK_SIZE
-    if method == "batched" and not isinstance(adjoint, diffrax.BacksolveAdjoint):
+    # The batched loop drives explicit Runge-Kutta tableaus; implicit solvers (Newton
+    # iterations per stage) and the backsolve adjoint (its own adjoint ODE) go through
+    # diffeqsolve.
+    if method == "batched" and _is_explicit_rk(solver) and not isinstance(adjoint, diffrax.BacksolveAdjoint):
         kind = "lax" if isinstance(adjoint, diffrax.ForwardMode) else "checkpointed"
         ys, status, steps = block_map(
             _batched_solver(
@@ -188,8 +191,6 @@ def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rt
         t1_floor = eqxi.prevbefore(t1_floor)
     n_save = 2 if ends_only else ts.shape[0]
 
-    unrolled = _is_explicit_rk(solver)
-
     def start(y0, batched):
         args = eqx.combine(batched, shared)
         # diffeqsolve(dt0=None) hands the controller a wrapped term, for which the PID
@@ -197,23 +198,14 @@ def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rt
         dt0 = jnp.asarray(0.01, jnp.result_type(t0, t1))
         tnext, controller_state = controller.init(terms, t0, t1, y0, dt0, args, solver.func, error_order)
         tnext = jnp.minimum(tnext, t1)
-        if unrolled:  # the first-same-as-last vector field at tprev
-            solver_state = field(t0, y0, args)
-        else:
-            solver_state = solver.init(terms, t0, tnext, y0, args)
-        return tnext, jax.tree.map(jnp.asarray, controller_state), solver_state
+        # The solver state is f(tprev, y): the tableau's first stage is the last one's.
+        return tnext, jax.tree.map(jnp.asarray, controller_state), field(t0, y0, args)
 
     def step(tprev, tnext, y, batched, solver_state, controller_state):
         args = eqx.combine(batched, shared)
-        if unrolled:
-            y1, y_error, dense, solver_state1 = _rk_step(
-                solver.tableau, field, tprev, tnext, y, args, solver_state
-            )
-            solver_result = diffrax.RESULTS.successful
-        else:
-            y1, y_error, dense, solver_state1, solver_result = solver.step(
-                terms, tprev, tnext, y, args, solver_state, False
-            )
+        y1, y_error, dense, solver_state1 = _rk_step(
+            solver.tableau, field, tprev, tnext, y, args, solver_state
+        )
         y_error = jax.tree.map(lambda x: jnp.where(jnp.isnan(x), jnp.inf, x), y_error)
         keep, tprev1, tnext1, _, controller_state1, controller_result = controller.adapt_step_size(
             tprev, tnext, y, y1, args, y_error, error_order, controller_state
@@ -221,9 +213,7 @@ def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rt
         tprev1 = jnp.minimum(tprev1, t1)
         clip = tnext1 > t1_floor
         tnext1 = jnp.where(clip, jnp.where(keep, t1, tprev1 + 0.5 * (t1 - tprev1)), tnext1)
-        failed = (solver_result != diffrax.RESULTS.successful) | (
-            controller_result != diffrax.RESULTS.successful
-        )
+        failed = controller_result != diffrax.RESULTS.successful
         y1 = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
         solver_state1 = jax.tree.map(lambda a, b: jnp.where(keep, a, b), solver_state1, solver_state)
         controller_state1 = jax.tree.map(jnp.asarray, controller_state1)
@@ -270,7 +260,13 @@ def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rt
             return (s.tprev < t1) & (s.status == codes.OK) & (s.steps < max_steps)
 
         def body(s):
-            going = active(s)
+            # f(tprev, y) is NaN or Inf: no step can succeed, so stop this init at once
+            # (diffeqsolve would shrink the step until max_steps).
+            finite = _lastaxis(
+                lambda f: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(f)]))
+            )
+            broken = active(s) & ~finite(s.solver_state)
+            going = active(s) & ~broken
             keep, tprev, tnext, y, solver_state, controller_state, dense, failed = step(
                 s.tprev, s.tnext, s.y, batched, s.solver_state, s.controller_state
             )
@@ -300,6 +296,7 @@ def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rt
                 )
             status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
             status = jnp.where(stuck, codes.SOLVER_FAILED, status)
+            status = jnp.where(broken, codes.NONFINITE, status)
             return _State(
                 tprev=jnp.where(going, tprev, s.tprev),
                 tnext=jnp.where(going, tnext, s.tnext),
