@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import status as codes
-from .ensembles import Precision, over_inits
+from . import ensembles, status as codes
+from .ensembles import Precision, ensemble_size
 from .errors import PolarizeError, check_positive
 from .fields import Path, prepare
 from .models import AbstractModel
@@ -99,33 +99,69 @@ def descend(
 _sgd = functools.lru_cache(maxsize=64)(optax.sgd)
 
 
+#: Steps unrolled per loop iteration of descent (fewer loop trips, same arithmetic).
+UNROLL = 8
+
+
 @eqx.filter_jit
 def _descend(model, objective, optimizer, marks, system, block_size):
-    def run_one(model, objective):
-        constants = system.constants(model, objective)
+    single = ensemble_size(model, objective) is None
+    if single:  # step one initialization as a block of one
+        model = eqx.tree_at(
+            lambda m: [getattr(m, n) for n in m.trainable],
+            model,
+            [getattr(model, n)[None] for n in model.trainable],
+        )
+    is_none = lambda x: x is None
+    axes = (ensembles.batch_axes(model), ensembles.batch_axes(objective))
+    batched = jax.tree.map(lambda ax: ax == 0, axes, is_leaf=is_none)
+    dynamic, static = eqx.partition((model, objective), batched)
 
-        def step(carry, _):
-            theta, opt_state = carry
-            grads = jax.tree.map(jnp.negative, system.field(theta, model, objective, constants))
-            updates, opt_state = optimizer.update(grads, opt_state, theta)
-            return (optax.apply_updates(theta, updates), opt_state), None
+    def per_init(fn):
+        """fn(model, objective, *rest) of one initialization, over a block's trailing inits axis."""
+        return jax.vmap(lambda d, *rest: fn(*eqx.combine(d, static), *rest), in_axes=-1, out_axes=-1)
 
-        theta = system.initial(model, objective)
-        carry = (theta, optimizer.init(theta))
+    def one_step(model, objective, theta, opt_state, constants):
+        grads = jax.tree.map(jnp.negative, system(theta, model, objective, constants))
+        updates, opt_state = optimizer.update(grads, opt_state, theta)
+        return optax.apply_updates(theta, updates), opt_state
+
+    def run_block(block):
+        # The block's state keeps the inits axis last (struct of arrays): the reductions
+        # over tokens in each step become elementwise operations across inits.
+        block = jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), block)
+        constants = per_init(system.constants)(block)
+        theta = per_init(system.initial)(block)
+        carry = (theta, per_init(lambda m, o, th: optimizer.init(th))(block, theta))
+        step = per_init(one_step)
+
+        def body(carry, _):
+            return step(block, *carry, constants), None
+
         saved, done = [], 0
         # One scan per segment between saved steps: static lengths keep the loop
         # reverse-differentiable, so gradients can flow through descent too.
         for mark in marks:
             if mark > done:
-                carry, _ = jax.lax.scan(step, carry, None, length=mark - done)
+                carry, _ = jax.lax.scan(
+                    body, carry, None, length=mark - done, unroll=min(UNROLL, mark - done)
+                )
                 done = mark
             saved.append(carry[0])
-        trainable = system.trainable(jax.tree.map(lambda *xs: jnp.stack(xs), *saved), model, objective)
+        return jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)  # (inits, marks, ...)
+
+    states = ensembles.block_map(run_block, dynamic, block_size=block_size)
+
+    def finish(block):
+        (model, objective), ys = eqx.combine(block[0], static), block[1]
+        trainable = system.trainable(ys, model, objective)
         weights, loss = observe(model, objective, trainable)
         ok = all_finite((trainable, weights, loss))
-        return trainable, weights, loss, ok, jnp.where(ok, 0, 1).astype(jnp.int32)
+        return trainable, weights, loss, ok, jnp.where(ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
 
-    (V, a), weights, loss, ok, status = over_inits(run_one, model, objective, block_size=block_size)
+    (V, a), weights, loss, ok, status = ensembles.blockwise(finish, (dynamic, states), block_size=block_size)
+    if single:
+        V, a, weights, loss, ok, status = (x[0] for x in (V, a, weights, loss, ok, status))
     ts = jnp.asarray(marks, dtype=V.dtype)
     step_index = jnp.asarray(marks, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)

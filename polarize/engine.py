@@ -17,16 +17,17 @@ from typing import Literal
 
 import diffrax
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from . import status as codes
-from .ensembles import BLOCK_SIZE, blockwise
+from .ensembles import BLOCK_SIZE, block_map, blockwise
 from .errors import check_choice
 
-Method = Literal["diffeqsolve"]
-METHODS = ("diffeqsolve",)
+Method = Literal["batched", "diffeqsolve"]
+METHODS = ("batched", "diffeqsolve")
 
 
 class Solution(eqx.Module):
@@ -65,7 +66,7 @@ def integrate(
     max_steps: int,
     adjoint: diffrax.AbstractAdjoint | None = None,
     block_size: int | None = None,
-    method: Method = "diffeqsolve",
+    method: Method = "batched",
 ) -> Solution:
     """Solve dy/ds = field(s, y, args) from t0 to t1 for every initialization.
 
@@ -83,6 +84,31 @@ def integrate(
     """
     check_choice("method", method, METHODS)
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    block_size = block_size or BLOCK_SIZE
+    # The batched loop drives explicit Runge-Kutta tableaus; implicit solvers (Newton
+    # iterations per stage) and the backsolve adjoint (its own adjoint ODE) go through
+    # diffeqsolve.
+    if method == "batched" and _is_explicit_rk(solver) and not isinstance(adjoint, diffrax.BacksolveAdjoint):
+        kind = "lax" if isinstance(adjoint, diffrax.ForwardMode) else "checkpointed"
+        ys, status, steps = block_map(
+            _batched_solver(
+                field,
+                args,
+                args_axes,
+                t0=t0,
+                t1=t1,
+                ts=ts,
+                ends_only=ends_only,
+                solver=solver,
+                rtol=rtol,
+                atol=atol,
+                max_steps=max_steps,
+                kind=kind,
+            ),
+            (y0, _split(args, args_axes)[0]),
+            block_size=block_size,
+        )
+        return Solution(ys=ys, status=status, steps=steps)
     saveat = diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=ts)
     batched, shared = _split(args, args_axes)
 
@@ -103,7 +129,7 @@ def integrate(
         )
         return sol.ys, status_of(sol.result), sol.stats["num_accepted_steps"]
 
-    ys, status, steps = blockwise(lambda x: solve_one(*x), (y0, batched), block_size=block_size or BLOCK_SIZE)
+    ys, status, steps = blockwise(lambda x: solve_one(*x), (y0, batched), block_size=block_size)
     return Solution(ys=ys, status=status, steps=steps)
 
 
@@ -114,3 +140,232 @@ def _split(args, args_axes):
         lambda ax, sub: jax.tree.map(lambda _: ax == 0, sub), args_axes, args, is_leaf=is_none
     )
     return eqx.partition(args, mask)
+
+
+#: Saved times written per accepted step without a loop (see `_batched_solver`).
+SAVE_UNROLL = 2
+
+
+class _State(eqx.Module):
+    """The stepping loop's carry for one block; per-init leaves carry the inits axis last."""
+
+    tprev: Array
+    tnext: Array
+    y: PyTree
+    solver_state: PyTree
+    controller_state: PyTree
+    status: Array
+    steps: Array
+    accepted: Array
+    save_index: Array
+    saved: PyTree  # (inits, times, ...), written in place
+
+
+def _lastaxis(fn):
+    """`fn` of one initialization, vmapped over a trailing inits axis (struct of arrays)."""
+    return jax.vmap(fn, in_axes=-1, out_axes=-1)
+
+
+def _pick(mask, a, b):
+    """where(mask, a, b) with the (inits,) mask on the trailing axis of a and b."""
+    return jax.tree.map(lambda x, y: jnp.where(jnp.broadcast_to(mask, x.shape), x, y), a, b)
+
+
+def _batched_solver(field, args, args_axes, *, t0, t1, ts, ends_only, solver, rtol, atol, max_steps, kind):
+    """The stepping loop for one block of initializations, around diffrax's own numerics.
+
+    Every initialization takes its own adaptive steps, exactly as `diffeqsolve` with a
+    PID controller would: the solver's `step`, the controller's `adapt_step_size` and
+    the solver's dense interpolation, vmapped over the block. The block's state keeps
+    the inits axis last (struct of arrays), so reductions over tokens and dims become
+    elementwise operations across inits. An initialization that has finished is
+    frozen; the loop stops when every one has. Saved times are interpolated inside the
+    loop, only for the inits whose accepted step crossed one.
+    """
+    _, shared = _split(args, args_axes)
+    terms = diffrax.ODETerm(field)
+    controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    error_order = solver.error_order(terms)
+    t1_floor = t1  # within 100 ulps of t1 a step is rounded to end there, as diffrax does
+    for _ in range(100):
+        t1_floor = eqxi.prevbefore(t1_floor)
+    n_save = 2 if ends_only else ts.shape[0]
+
+    def start(y0, batched):
+        args = eqx.combine(batched, shared)
+        # diffeqsolve(dt0=None) hands the controller a wrapped term, for which the PID
+        # initial-step rule returns 0.01: start there too, so both methods step alike.
+        dt0 = jnp.asarray(0.01, jnp.result_type(t0, t1))
+        tnext, controller_state = controller.init(terms, t0, t1, y0, dt0, args, solver.func, error_order)
+        tnext = jnp.minimum(tnext, t1)
+        # The solver state is f(tprev, y): the tableau's first stage is the last one's.
+        return tnext, jax.tree.map(jnp.asarray, controller_state), field(t0, y0, args)
+
+    def step(tprev, tnext, y, batched, solver_state, controller_state):
+        args = eqx.combine(batched, shared)
+        y1, y_error, dense, solver_state1 = _rk_step(
+            solver.tableau, field, tprev, tnext, y, args, solver_state
+        )
+        y_error = jax.tree.map(lambda x: jnp.where(jnp.isnan(x), jnp.inf, x), y_error)
+        keep, tprev1, tnext1, _, controller_state1, controller_result = controller.adapt_step_size(
+            tprev, tnext, y, y1, args, y_error, error_order, controller_state
+        )
+        tprev1 = jnp.minimum(tprev1, t1)
+        clip = tnext1 > t1_floor
+        tnext1 = jnp.where(clip, jnp.where(keep, t1, tprev1 + 0.5 * (t1 - tprev1)), tnext1)
+        failed = controller_result != diffrax.RESULTS.successful
+        y1 = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
+        solver_state1 = jax.tree.map(lambda a, b: jnp.where(keep, a, b), solver_state1, solver_state)
+        controller_state1 = jax.tree.map(jnp.asarray, controller_state1)
+        return keep, tprev1, tnext1, y1, solver_state1, controller_state1, dense, failed
+
+    def interpolate(tprev, tnext, dense, t):
+        return solver.interpolation_cls(t0=tprev, t1=tnext, **dense).evaluate(t)
+
+    start, step, interpolate = _lastaxis(start), _lastaxis(step), _lastaxis(interpolate)
+
+    def solve_block(block):
+        y0, batched = block
+        size = jax.tree.leaves(y0)[0].shape[0]
+        rows = jnp.arange(size)
+        to_last = lambda tree: jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), tree)
+        y0, batched = to_last(y0), to_last(batched)
+        tnext, controller_state, solver_state = start(y0, batched)
+        like = lambda x: jnp.broadcast_to(x, (size,))
+        zeros = jnp.zeros(size, jnp.int32)
+
+        def write(saved, index, mask, y):
+            index = jnp.where(mask, index, n_save)  # masked rows write out of bounds: dropped
+            return jax.tree.map(
+                lambda buf, x: buf.at[rows, index].set(jnp.moveaxis(x, -1, 0), mode="drop"), saved, y
+            )
+
+        saved = jax.tree.map(lambda x: jnp.full((size, n_save) + x.shape[:-1], jnp.inf, x.dtype), y0)
+        if ends_only:
+            saved = write(saved, zeros, jnp.ones(size, bool), y0)
+        state = _State(
+            tprev=like(jnp.asarray(t0, tnext.dtype)),
+            tnext=tnext,
+            y=y0,
+            solver_state=solver_state,
+            controller_state=controller_state,
+            status=zeros,
+            steps=zeros,
+            accepted=zeros,
+            save_index=zeros,
+            saved=saved,
+        )
+
+        def active(s):
+            return (s.tprev < t1) & (s.status == codes.OK) & (s.steps < max_steps)
+
+        def body(s):
+            # f(tprev, y) is NaN or Inf: no step can succeed, so stop this init at once
+            # (diffeqsolve would shrink the step until max_steps).
+            finite = _lastaxis(
+                lambda f: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(f)]))
+            )
+            broken = active(s) & ~finite(s.solver_state)
+            going = active(s) & ~broken
+            keep, tprev, tnext, y, solver_state, controller_state, dense, failed = step(
+                s.tprev, s.tnext, s.y, batched, s.solver_state, s.controller_state
+            )
+            keep = keep & going
+            stuck = going & ~keep & ~(tnext > tprev)  # the step size collapsed to zero
+            saved, save_index = s.saved, s.save_index
+            if not ends_only:
+
+                def due(c):
+                    index, _ = c
+                    return keep & (index < n_save) & (ts[jnp.minimum(index, n_save - 1)] <= s.tnext)
+
+                def save(c):
+                    index, saved = c
+                    mask = due(c)
+                    t = ts[jnp.minimum(index, n_save - 1)]
+                    y_t = interpolate(s.tprev, s.tnext, dense, t)
+                    return index + mask, write(saved, index, mask, y_t)
+
+                # A step usually crosses a save time or two: those are written without a
+                # loop (masked), a loop takes any further ones.
+                carry = (save_index, saved)
+                for _ in range(SAVE_UNROLL):
+                    carry = save(carry)
+                save_index, saved = eqxi.while_loop(
+                    lambda c: jnp.any(due(c)), save, carry, max_steps=n_save, kind=kind
+                )
+            status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
+            status = jnp.where(stuck, codes.SOLVER_FAILED, status)
+            status = jnp.where(broken, codes.NONFINITE, status)
+            return _State(
+                tprev=jnp.where(going, tprev, s.tprev),
+                tnext=jnp.where(going, tnext, s.tnext),
+                y=_pick(going, y, s.y),
+                solver_state=_pick(going, solver_state, s.solver_state),
+                controller_state=_pick(going, controller_state, s.controller_state),
+                status=status,
+                steps=s.steps + going,
+                accepted=s.accepted + keep,
+                save_index=save_index,
+                saved=saved,
+            )
+
+        s = eqxi.while_loop(lambda s: jnp.any(active(s)), body, state, max_steps=max_steps, kind=kind)
+        status = jnp.where((s.status == codes.OK) & (s.tprev < t1), codes.MAX_STEPS, s.status)
+        saved = s.saved
+        if ends_only:
+            saved = write(saved, zeros + 1, jnp.ones(size, bool), s.y)
+        return saved, status, s.accepted
+
+    return solve_block
+
+
+def _is_explicit_rk(solver) -> bool:
+    """Whether `solver` is an explicit Runge-Kutta method with one first-same-as-last tableau."""
+    tableau = getattr(solver, "tableau", None)
+    return (
+        isinstance(solver, diffrax.AbstractERK)
+        and isinstance(tableau, diffrax.ButcherTableau)
+        and tableau.fsal
+        and tableau.b_error is not None
+    )
+
+
+def _rk_step(tableau, field, t0, t1, y0, args, f0):
+    """One step of an explicit Runge-Kutta tableau from diffrax, stages unrolled.
+
+    The same arithmetic as the solver's own `step` (increments k_j = dt f_j,
+    stage y_i = y0 + sum_j a_ij k_j, y1 = y0 + sum_j b_j k_j, error sum_j e_j k_j), but
+    with the stages written out instead of diffrax's stage loop, so that XLA fuses a whole
+    step into a few kernels. Returns y1, the error estimate, the dense information for
+    the solver's interpolation, and f(t1, y1) for the next step (first same as last).
+    """
+    dt = t1 - t0
+    dtype = jnp.result_type(*jax.tree.leaves(y0))
+
+    def combine(base, coeffs, ks):
+        terms = [(float(c), k) for c, k in zip(coeffs, ks) if c != 0]
+
+        def leaf(b, *k):
+            out = b
+            for (c, _), kk in zip(terms, k):
+                out = out + jnp.asarray(c, dtype) * kk
+            return out
+
+        if base is None:
+            zero = jax.tree.map(jnp.zeros_like, y0)
+            return jax.tree.map(leaf, zero, *[k for _, k in terms])
+        return jax.tree.map(leaf, base, *[k for _, k in terms])
+
+    scale = lambda f: jax.tree.map(lambda x: x * dt.astype(x.dtype), f)
+    ks = [scale(f0)]
+    y_stage = y0
+    for c_i, a_i in zip(tableau.c, tableau.a_lower):
+        y_stage = combine(y0, a_i, ks)
+        t_i = t1 if c_i == 1 else t0 + jnp.asarray(c_i, dt.dtype) * dt
+        f_i = field(t_i, y_stage, args)
+        ks.append(scale(f_i))
+    y1 = y_stage if tableau.ssal else combine(y0, tableau.b_sol, ks)
+    y_error = combine(None, tableau.b_error, ks)
+    k = jax.tree.map(lambda *x: jnp.stack(x), *ks)
+    return y1, y_error, dict(y0=y0, y1=y1, k=k), f_i

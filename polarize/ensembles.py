@@ -89,6 +89,15 @@ def blockwise(fn, tree, *, block_size: int | None = None):
     whole blocks of `block_size` (with copies of the first initialization, so no
     NaN appears), vmapped inside a block and mapped over blocks.
     """
+    return block_map(jax.vmap(fn), tree, block_size=block_size)
+
+
+def block_map(fn, tree, *, block_size: int | None = None):
+    """fn applied to whole blocks of `block_size` initializations of `tree` (leading axis).
+
+    Like `blockwise`, but `fn` takes and returns pytrees with a leading axis of exactly
+    `block_size` (a batched program written for one block, not vmapped here).
+    """
     n = jax.tree.leaves(tree)[0].shape[0]
     size = block_size or BLOCK_SIZE
     n_blocks = -(-n // size)
@@ -97,7 +106,7 @@ def blockwise(fn, tree, *, block_size: int | None = None):
         pad = jnp.repeat(x[:1], n_blocks * size - n, axis=0)
         return jnp.concatenate([x, pad]).reshape((n_blocks, size) + x.shape[1:])
 
-    out = jax.lax.map(jax.vmap(fn), jax.tree.map(to_blocks, tree))
+    out = jax.lax.map(fn, jax.tree.map(to_blocks, tree))
     return jax.tree.map(lambda x: x.reshape((n_blocks * size,) + x.shape[2:])[:n], out)
 
 

@@ -40,3 +40,25 @@ def test_benchmark_quick_mode_runs(script):
         else None
     )
     assert after == before  # --quick never overwrites measured results
+
+
+def test_recording_a_section_keeps_the_others(tmp_path, monkeypatch):
+    """Rewriting one section of RESULTS.md leaves every other section and its markers intact."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import _common
+
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(_common, "RESULTS", results)
+    for section in ("a", "adjoints", "b"):
+        _common.record(section, f"Title {section}", f"body {section} v1", quick=False)
+    _common.record("adjoints", "Adjoints", "body adjoints v2", quick=False)
+    text = results.read_text()
+    for section in ("a", "adjoints", "b"):
+        assert text.count(f"<!-- begin {section} -->") == 1 and text.count(f"<!-- end {section} -->") == 1
+    assert "body a v1" in text and "body b v1" in text and "body adjoints v2" in text
+    assert "body adjoints v1" not in text
+    assert (
+        text.index("<!-- begin a -->")
+        < text.index("<!-- begin adjoints -->")
+        < text.index("<!-- begin b -->")
+    )

@@ -1,0 +1,168 @@
+"""Every objective against naive diffrax, side by side in one process (issue 10's targets).
+
+Naive baseline: `jax.jit(jax.vmap(diffeqsolve))`, Tsit5, PID at the same rtol/atol,
+a `jax.grad` field on the full (V, a), linear time, saving only t1. polarize: `flow`
+with its defaults (batched engine, log clock, auto field) with the default 64 saved
+times, and with ends only (`n_save=2`) for the paper toy. Accuracy: the largest
+deviation of the final weights s from each other and from a reference solve at
+rtol 1e-12, atol 1e-14 (polarize, first `n_ref` initializations).
+
+Timings: steady state (compile excluded), best of 3, both wall clock and process
+CPU time (the machine is shared; the load average is printed with every case).
+
+    python benchmarks/objectives.py            # full (a few minutes)
+    python benchmarks/objectives.py --quick    # smoke test
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import diffrax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import polarize as pz  # noqa: E402
+from benchmarks._common import fmt, record, table  # noqa: E402
+
+RTOL, ATOL = 1e-6, 1e-8
+
+
+def cases(quick: bool):
+    """(name, model, objective, t1, n_save list) for every path of the issue."""
+    n_toy, n = (256, 256) if quick else (10_000, 4096)
+    toy = pz.init_ensemble(0, n_toy, tokens=8, dim=8, v_scale=0.1)
+    yield "paper toy (T = d = 8, t1 = 1e5)", toy, pz.random_direction(1, 8), 1e5, (64, 2)
+    sq = pz.init_ensemble(0, n, tokens=16, dim=16, v_scale=0.1)
+    yield (
+        "square, conditioning (n = d = T = 16, kappa 3, t1 = 300)",
+        sq,
+        pz.conditioned_regression(2, 16, 16, 3.0),
+        300.0,
+        (64,),
+    )
+    lg = pz.init_ensemble(0, n, tokens=8, dim=8, v_scale=0.1, norm="sigmoid")
+    yield "logistic data, sigmoid (n = 16, d = T = 8, t1 = 1e3)", lg, pz.random_labels(3, 16, 8), 1e3, (64,)
+    ce = pz.init_ensemble(0, n, tokens=8, dim=10, v_scale=0.1)
+    yield "cross-entropy (d = 10, T = 8, t1 = 1e3)", ce, pz.peaked_distribution(4, 10), 1e3, (64,)
+
+
+def naive(objective, norm, t1):
+    """What a competent JAX user writes: vmap(diffeqsolve) on the full (V, a)."""
+
+    def field(t, y, args):
+        V, a = y
+        return jax.tree.map(jnp.negative, jax.grad(lambda p: objective(p[0] @ norm(p[1])))((V, a)))
+
+    def solve(V, a):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(field),
+            diffrax.Tsit5(),
+            t0=0.0,
+            t1=t1,
+            dt0=None,
+            y0=(V, a),
+            saveat=diffrax.SaveAt(t1=True),
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+            max_steps=100_000,
+        )
+        return norm(sol.ys[1][0])
+
+    return jax.jit(jax.vmap(solve))
+
+
+def clocked(fn, repeats=3):
+    """(wall s, cpu s, output): best of `repeats` steady calls after a first (compile) call."""
+    out = jax.block_until_ready(fn())
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        out = jax.block_until_ready(fn())
+        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
+    return wall, cpu, out
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run; does not write RESULTS.md")
+    args = parser.parse_args(argv)
+    n_ref = 32 if args.quick else 256
+    rows, speed_rows = [], []
+    for name, model, objective, t1, saves in cases(args.quick):
+        n = model.V.shape[0]
+        head = pz.ValueAttention(model.V[:n_ref], model.a[:n_ref], model.norm)
+        ref = np.asarray(pz.flow(head, objective, t1=t1, n_save=2, rtol=1e-12, atol=1e-14).weights[:, -1])
+        base = naive(objective, model.norm, t1)
+        w0, c0, s0 = clocked(lambda base=base, model=model: base(model.V, model.a))
+        s0 = np.asarray(s0)
+        rows.append(
+            [
+                name,
+                "naive diffrax jit(vmap)",
+                n,
+                fmt(w0),
+                fmt(c0),
+                "-",
+                "-",
+                fmt(np.abs(s0[:n_ref] - ref).max()),
+                load(),
+            ]
+        )
+        for n_save in saves:
+            label = f"polarize flow, {n_save} saves" + (" (ends only)" if n_save == 2 else " (default)")
+            run = lambda model=model, objective=objective, t1=t1, n_save=n_save: pz.flow(
+                model, objective, t1=t1, n_save=n_save, rtol=RTOL, atol=ATOL
+            ).weights[:, -1]
+            w, c, s = clocked(run)
+            s = np.asarray(s)
+            rows.append(
+                [
+                    name,
+                    label,
+                    n,
+                    fmt(w),
+                    fmt(c),
+                    fmt(w0 / w),
+                    fmt(c0 / c),
+                    fmt(np.abs(s[:n_ref] - ref).max()),
+                    load(),
+                ]
+            )
+            speed_rows.append([name, label, fmt(w0 / w), fmt(c0 / c), fmt(np.abs(s - s0).max())])
+    body = (
+        f"rtol {RTOL}, atol {ATOL}, float64, Tsit5 for both. Wall and process-CPU seconds of one steady "
+        "solve (best of 3, compile excluded); speed-up = naive / polarize in the same process. "
+        f"'err vs ref': largest |s(t1) - s_ref(t1)| over the first {n_ref} inits, reference = polarize at "
+        "rtol 1e-12, atol 1e-14.\n\n"
+        + table(
+            [
+                "case",
+                "method",
+                "N",
+                "wall s",
+                "cpu s",
+                "speed-up (wall)",
+                "speed-up (cpu)",
+                "err vs ref",
+                "load",
+            ],
+            rows,
+        )
+        + "\n\nSummary (|s - s_naive|: largest difference of the final weights from the naive solve):\n\n"
+        + table(["case", "polarize", "x naive (wall)", "x naive (cpu)", "max abs s - s_naive"], speed_rows)
+    )
+    record("objectives", "(e) Every objective against naive diffrax", body, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
