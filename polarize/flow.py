@@ -74,9 +74,8 @@ def flow(
     model, objective, field, block_size = prepare(
         model, objective, path=path, precision=precision, block_size=block_size
     )
-    return _solve(
-        model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
-    )
+    options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)
+    return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
 
 
 def modified_flow(
@@ -114,62 +113,33 @@ def modified_flow(
         model, objective, path=path, precision=precision, block_size=block_size
     )
     field = Modified(jnp.asarray(lr, float_dtype(model)), base)
-    return _solve(
-        model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
-    )
+    options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)
+    return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
 
 
-def _solve(
-    model, objective, field, t0, t1, n_save, ts, solver, rtol, atol, max_steps, clock, adjoint, block_size
-):
+def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, **options):
     """The options' checks, then one integration (the body both drivers share)."""
-    check_choice("clock", clock, ("log", "linear"))
+    check_choice("clock", options["clock"], ("log", "linear"))
     n_save = check_positive("n_save", n_save, integer=True)
-    max_steps = check_positive("max_steps", max_steps, integer=True)
-    check_positive("rtol", rtol)
-    check_positive("atol", atol)
+    options["max_steps"] = check_positive("max_steps", options["max_steps"], integer=True)
+    check_positive("rtol", options["rtol"])
+    check_positive("atol", options["atol"])
     ends_only = ts is None and n_save == 2  # save t0 and t1 only: no dense interpolation
     t0, t1, ts = check_times(t0, t1, ts, n_save=n_save, dtype=float_dtype(model))
-    solver = diffrax.Tsit5() if solver is None else solver
-    adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    if options["solver"] is None:
+        options["solver"] = diffrax.Tsit5()
+    if options["adjoint"] is None:
+        options["adjoint"] = diffrax.RecursiveCheckpointAdjoint()
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model, block_size = with_params(model, [p[None] for p in params(model)]), 1
-    traj = _integrate(
-        model,
-        objective,
-        field,
-        ts,
-        t0,
-        t1,
-        solver,
-        rtol,
-        atol,
-        max_steps,
-        clock,
-        adjoint,
-        block_size,
-        ends_only,
-    )
+    traj = _integrate(model, objective, field, ts, t0, t1, block_size, ends_only, **options)
     return jax.tree.map(lambda x: x if x is traj.ts else x[0], traj) if single else traj
 
 
 @eqx.filter_jit
 def _integrate(
-    model,
-    objective,
-    field: AbstractField,
-    ts,
-    t0,
-    t1,
-    solver,
-    rtol,
-    atol,
-    max_steps,
-    clock,
-    adjoint,
-    block_size,
-    ends_only,
+    model, objective, field: AbstractField, ts, t0, t1, block_size, ends_only, *, clock, **options
 ):
     to_solver = jnp.log1p if clock == "log" else (lambda t: t)
 
@@ -193,12 +163,8 @@ def _integrate(
         t1=s1,
         ts=jnp.clip(to_solver(ts), s0, s1),  # log1p(expm1(x)) can exceed x by one ulp
         ends_only=ends_only,
-        solver=solver,
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-        adjoint=adjoint,
         block_size=block_size,
+        **options,
     )
 
     def finish(model, objective, solved):
