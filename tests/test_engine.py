@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize import status as codes
+from polarize import engine, status as codes
 from polarize.fields import FIELDS
 from polarize.engine import integrate
 from polarize.ensembles import batch_axes
@@ -70,8 +70,10 @@ def _system_problem(kind, n=6):
     return field, y0, (model, objective, consts), (batch_axes(model), batch_axes(objective), 0)
 
 
+@pytest.mark.parametrize("layout", ["inits last", "inits first"])
 @pytest.mark.parametrize("kind", ["reduced", "analytic", "span", "autodiff"])
-def test_batched_matches_diffeqsolve_on_polarize_fields(kind):
+def test_batched_matches_diffeqsolve_on_polarize_fields(kind, layout, monkeypatch):
+    monkeypatch.setattr(engine, "SOA_MAX_STATE", 10**6 if layout == "inits last" else 0)
     field, y0, args, axes = _system_problem(kind)
     ts = jnp.log1p(jnp.asarray(pz.save_times(1e3, 12)))
     fast = _solve(field, y0, args, axes, ts, method="batched")
