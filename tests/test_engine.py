@@ -9,10 +9,10 @@ import pytest
 
 import polarize as pz
 from polarize import engine, status as codes
-from polarize.fields import FIELDS
 from polarize.engine import integrate
 from polarize.ensembles import batch_axes
 from polarize.errors import PolarizeError
+from polarize.fields import FIELDS
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
