@@ -80,6 +80,7 @@ def integrate(
     adjoint: diffrax.AbstractAdjoint | None = None,
     block_size: int | None = None,
     method: Method = "batched",
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
 ) -> Solution:
     """Solve dy/ds = field(s, y, args) from t0 to t1 for every initialization.
 
@@ -107,7 +108,13 @@ def integrate(
     # The batched loop drives explicit Runge-Kutta tableaus; implicit solvers (Newton
     # iterations per stage) and the backsolve adjoint (its own adjoint ODE) go through
     # diffeqsolve.
-    if method == "batched" and _is_explicit_rk(solver) and not isinstance(adjoint, diffrax.BacksolveAdjoint):
+    custom = stepsize_controller is not None
+    if (
+        method == "batched"
+        and not custom
+        and _is_explicit_rk(solver)
+        and not isinstance(adjoint, diffrax.BacksolveAdjoint)
+    ):
         kind = "lax" if isinstance(adjoint, diffrax.ForwardMode) else "checkpointed"
         ys, status, steps = block_map(
             _batched_solver(
@@ -142,7 +149,9 @@ def integrate(
             y0=y0,
             args=eqx.combine(batched_args, shared),
             saveat=saveat,
-            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+            stepsize_controller=stepsize_controller
+            if custom
+            else diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
             adjoint=adjoint,
             throw=False,

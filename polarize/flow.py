@@ -17,7 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from . import status as codes
+from . import status as codes, stiff
 from .engine import integrate
 from .ensembles import Precision, batch_axes, ensemble_size, float_dtype, over_inits
 from .errors import check_choice, check_positive, refuse_if, shown
@@ -42,7 +42,7 @@ def flow(
     rtol: float = 1e-6,
     atol: float = 1e-8,
     max_steps: int = 100_000,
-    clock: Clock = "log",
+    clock: Clock | None = None,
     path: Path = "auto",
     adjoint: diffrax.AbstractAdjoint | None = None,
     precision: Precision | None = None,
@@ -56,10 +56,13 @@ def flow(
         t1, t0: horizon and start (0 <= t0 < t1).
         n_save: number of saved times, evenly spaced in log(1 + t), when `ts` is None.
         ts: explicit save times in [t0, t1] instead.
-        solver: any diffrax solver (default Tsit5; Kvaerno5 for stiff problems).
+        solver: any diffrax solver; default `stiff.default_method`: the Rosenbrock-W
+            method of `polarize.stiff` for `Square` and `CrossEntropy` (stiff once the
+            loss converges), Tsit5 otherwise.
         rtol, atol: tolerances of the PID step-size controller.
         max_steps: per-initialization cap on solver steps.
-        clock: "log" integrates in tau = log(1 + t), "linear" in t itself.
+        clock: "log" integrates in tau = log(1 + t), "linear" in t itself; default
+            "linear" with the stiff default solver, else "log".
         path: vector-field form, see `polarize.fields` ("auto" picks the cheapest).
         adjoint: diffrax adjoint for gradients through the solve (default: checkpointed).
         precision: "float32" or "float64" casts model and objective first; None (default)
@@ -74,6 +77,10 @@ def flow(
     model, objective, field, block_size = prepare(
         model, objective, path=path, precision=precision, block_size=block_size
     )
+    if solver is None:  # stiff objectives: Rosenbrock-W on the linear clock; `solver=` overrides
+        solver, default_clock = stiff.default_method(model, objective, field)
+        clock = clock or default_clock
+    clock = clock or "log"
     options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)
     return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
 
@@ -154,6 +161,10 @@ def _integrate(
         lambda m, o: (field.initial(m, o), field.constants(m, o)), model, objective, block_size=block_size
     )
     s0, s1 = to_solver(t0), to_solver(t1)
+    save_at = jnp.clip(to_solver(ts), s0, s1)  # log1p(expm1(x)) can exceed x by one ulp
+    controller = stiff.controller(
+        options["solver"], options["rtol"], options["atol"], None if ends_only else save_at
+    )
     solution = integrate(
         vector_field,
         y0,
@@ -161,9 +172,10 @@ def _integrate(
         (batch_axes(model), batch_axes(objective), 0),
         t0=s0,
         t1=s1,
-        ts=jnp.clip(to_solver(ts), s0, s1),  # log1p(expm1(x)) can exceed x by one ulp
+        ts=save_at,
         ends_only=ends_only,
         block_size=block_size,
+        stepsize_controller=controller,
         **options,
     )
 
