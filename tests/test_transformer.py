@@ -264,7 +264,7 @@ def test_tiny_model_learns_induction_and_records_probes():
     assert hist["loss"].shape == (1, 6) and np.isnan(hist["loss"][0, 0])
     assert hist["loss"][0, -1] < hist["loss"][0, 1]
     assert hist["bos_score"].shape == (1, 6, 2, 4) and hist["accuracy"].shape == (1, 6)
-    assert np.all(np.asarray(acc) > 0.9), acc  # chance is 1/50; guessing from context 1/10
+    assert np.all(np.asarray(acc) > 0.8), acc  # chance is 1/100; guessing from context 1/10
     # the last probe is the trained model's score on the probe set
     model = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, models)
     maps = jax.vmap(model.forward)(probe[0][0])[1]
@@ -314,7 +314,9 @@ def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
     assert polarize_main(argv) == 0
     assert first.stat().st_mtime_ns == before
     trained_alone = storage.read_npz(second)  # a seed does not depend on its neighbours
-    assert np.allclose(trained_alone["loss"], trained_beside["loss"], rtol=1e-4)
+    assert np.allclose(
+        trained_alone["history_loss"], trained_beside["history_loss"], rtol=1e-4, equal_nan=True
+    )
     assert np.allclose(trained_alone["sink_score"], trained_beside["sink_score"], atol=1e-4)
     capsys.readouterr()
     assert polarize_main(argv[:-3] + ["1", "--out", str(out)]) == 2
@@ -377,6 +379,7 @@ def test_summary_counts_one_layer_and_qualified_runs():
     # the third run is below accuracy 0.95; layer 0 never counts; 0.9 is not above 0.9
     assert entry["qualified"] == 3 and entry["run_sink_shares"] == [0.5, 1.0, 0.0]
     assert entry["sink_share"] == pytest.approx(0.5) and entry["sink_heads"] == 3
+    assert entry["sink_share_by_layer"] == pytest.approx([1 / 3, 0.5]) and entry["sink_share_all_rows"] == 0
     lo, hi = entry["sink_share_90"]
     assert 0.0 <= lo < 0.5 < hi <= 1.0
     # emergence: mean over all runs of the layer-1 share at each recorded step

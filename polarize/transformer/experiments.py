@@ -330,8 +330,15 @@ def _induction_entry(config: Config, group: list[dict]) -> dict:
             sink_heads=int(np.sum(scores > SINK_HEAD)),
             heads_counted=int(scores.size),
             mean_sink_score=float(scores.mean()),
-            # the lab's older score: |A| on key 0 over all query rows 1.., every layer
+            # the same runs under other definitions: the lab's older score (|A| on key 0
+            # averaged over all query rows 1..L-1) in the same layer, and the paper's
+            # score in the other layers
             mean_bos_share_all_rows=float(np.mean([u["bos_share"][layer].mean() for u in ok])),
+            sink_share_all_rows=float(np.mean([np.mean(u["bos_share"][layer] > SINK_HEAD) for u in ok])),
+            sink_share_by_layer=[
+                float(np.mean([np.mean(u["sink_score"][la] > SINK_HEAD) for u in ok]))
+                for la in range(min(u["sink_score"].shape[0] for u in ok))
+            ],
             gu_sink_share=float(np.mean(np.concatenate([u["alpha0"].ravel() for u in ok]) > sinks.SINK_EPS)),
         )
     steps = group[0]["history_step"]
