@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,15 +29,29 @@ def loop_metrics(a: np.ndarray) -> dict:
         bos += p[0]
         spars += max(p)
         ent -= sum(x * math.log(x) for x in p if x > 0)
+    return dict(bos=bos / rows, sparsity=spars / rows, entropy=ent / rows, alpha=loop_alpha(a))
+
+
+def loop_alpha(a: np.ndarray, bidirectional: bool = False) -> list:
+    """Gu et al.'s alpha_k: mean over queries that see key k (i >= k, or all), zero rows skipped."""
     n = a.shape[0]
     alpha = []
     for k in range(n):
         vals = []
-        for i in range(k, n):
+        for i in range(0 if bidirectional else k, n):
             total = sum(abs(x) for x in a[i])
-            vals.append(abs(a[i, k]) / total if total > 0 else 0.0)
-        alpha.append(sum(vals) / len(vals))
-    return dict(bos=bos / rows, sparsity=spars / rows, entropy=ent / rows, alpha=alpha)
+            if total > 0:
+                vals.append(abs(a[i, k]) / total)
+        alpha.append(sum(vals) / len(vals) if vals else 0.0)
+    return alpha
+
+
+def loop_bos_score(a: np.ndarray) -> float:
+    """The paper's rel_attn_bos_global of one head on one sequence: rows 1..L-3, signed sums."""
+    rows = range(1, a.shape[0] - 2)
+    bos = sum(a[i, 0] for i in rows)
+    total = sum(a[i, j] for i in rows for j in range(a.shape[1]))
+    return bos / total if total != 0 else 0.0
 
 
 def test_all_on_bos_is_a_perfect_sink():
@@ -70,7 +85,9 @@ def test_unnormalized_maps_match_loops(seed):
         assert np.isclose(sinks.bos_share(a)[h], ref["bos"])
         assert np.isclose(sinks.sparsity(a)[h], ref["sparsity"])
         assert np.isclose(sinks.mean_entropy(a)[h], ref["entropy"])
-        assert np.allclose(sinks.importance(a)[h], ref["alpha"])
+        # a full map is bidirectional: alpha_k averages over all (non-zero) rows
+        assert np.allclose(sinks.importance(a)[h], loop_alpha(a[h], bidirectional=True))
+        assert np.allclose(sinks.importance(np.tril(a))[h], loop_metrics(np.tril(a[h]))["alpha"])
     share = (sinks.importance(a) > 0.3).mean(0)
     assert np.allclose(sinks.sink_share(a), share)
 
@@ -87,6 +104,7 @@ def test_numpy_in_numpy_out_jax_in_jax_out():
     a = np.random.default_rng(4).uniform(size=(2, 3, 4, 4))
     for f in (
         sinks.bos_share,
+        sinks.bos_score,
         sinks.sparsity,
         sinks.mean_entropy,
         sinks.importance,
@@ -108,6 +126,74 @@ def test_massive_activations_needs_both_conditions():
     assert not sinks.massive_activations(np.full((3, 3), 150.0)).any()  # big but typical
 
 
+def test_bidirectional_maps_average_over_all_queries():
+    rng = np.random.default_rng(5)
+    a = rng.uniform(size=(3, 6, 6))
+    a[2, 4] = 0.0  # a zero row is skipped here too
+    assert sinks.convention(a) == "bidirectional"
+    causal = np.tril(a)
+    assert sinks.convention(causal) == "causal"
+    for h in range(3):
+        assert np.allclose(sinks.importance(a)[h], loop_alpha(a[h], bidirectional=True), rtol=1e-12)
+        assert np.allclose(sinks.importance(causal)[h], loop_alpha(causal[h]), rtol=1e-12)
+    # one weight above the diagonal anywhere switches the whole array to all queries
+    b = causal.copy()
+    b[0, 1, 3] = 1e-3
+    assert sinks.convention(b) == "bidirectional"
+    assert np.allclose(sinks.importance(b)[1], loop_alpha(b[1], bidirectional=True))
+    # the same under jit
+    jitted = jax.jit(sinks.importance)
+    for m in (a, causal, b):
+        assert np.allclose(np.asarray(jitted(jnp.asarray(m))), sinks.importance(m), rtol=1e-12)
+
+
+def test_sink_share_at_k_and_near_eps():
+    a = np.zeros((4, 5, 5))
+    a[..., 0] = 1.0  # rows are made below; start from a causal all-on-key-0 map
+    # head 0: alpha_2 exactly 0.3 (rows i >= 2 put 0.3 on key 2): not a sink (strict >)
+    # head 1: alpha_2 = 0.3 + 1e-6: a sink; head 2: 0.3 - 1e-6: not; head 3: 0.9: a sink
+    for h, w in enumerate([0.3, 0.3 + 1e-6, 0.3 - 1e-6, 0.9]):
+        for i in range(2, 5):
+            a[h, i] = 0.0
+            a[h, i, 2] = w
+            a[h, i, 0] = 1 - w
+    alpha2 = sinks.importance(a)[:, 2]
+    assert np.allclose(alpha2, [0.3, 0.3 + 1e-6, 0.3 - 1e-6, 0.9], atol=1e-12)
+    assert np.allclose(sinks.sink_share(a)[2], 0.5) and np.allclose(sinks.sink_share(a)[0], 1.0)
+    t = sinks.head_table(a, key=2)
+    assert list(t["sink"][0]) == [False, True, False, True] and t["sink_share_all"] == 0.5
+
+
+def test_bos_score_is_the_papers_slice():
+    rng = np.random.default_rng(6)
+    a = rng.normal(size=(5, 2, 8, 8))  # signed, like raw dot-product attention
+    a[1, 0, 1:6] = 0.0  # every counted row has zero mass: scores 0
+    a[2, 1, 3] = 0.0  # one zero row: adds nothing
+    got = sinks.bos_score(a)
+    assert got.shape == (5, 2)
+    for n in range(5):
+        for h in range(2):
+            assert np.isclose(got[n, h], loop_bos_score(a[n, h]), rtol=1e-12)
+    assert got[1, 0] == 0.0
+    assert np.allclose(np.asarray(jax.jit(sinks.bos_score)(jnp.asarray(a))), got)
+
+
+def test_head_table_overall_sink_share():
+    """Gu et al.'s overall number: 5 sink heads of 3 layers x 4 heads = 41.7%."""
+    a = np.zeros((3, 4, 6, 6))
+    for layer in range(3):
+        for h in range(4):
+            a[layer, h] = np.eye(6)  # alpha_0 = 1/6: no sink
+    for layer, h in [(0, 0), (0, 3), (1, 1), (2, 0), (2, 2)]:
+        a[layer, h] = 0.0
+        a[layer, h, :, 0] = 1.0
+    t = sinks.head_table(a)
+    assert t["sink"].sum() == 5 and np.isclose(t["sink_share_all"], 5 / 12)
+    assert np.allclose(t["sink_share"], [0.5, 0.25, 0.5])
+    text = sinks.format_table(t)
+    assert "Sink_0^0.3 = 41.7% (5 of 12 heads)" in text and "convention: causal" in text
+
+
 def test_head_table_layouts_and_text():
     a = np.zeros((2, 3, 4, 4))
     a[0, :, :, 0] = 1.0
@@ -118,6 +204,6 @@ def test_head_table_layouts_and_text():
     assert np.allclose(sinks.head_table(a[0])["bos_share"], t["bos_share"][:1])
     assert np.allclose(sinks.head_table(np.stack([a, a]))["sparsity"], t["sparsity"])
     text = sinks.format_table(t)
-    assert "Sink_0^0.3 = 1.000" in text and len(text.splitlines()) == 1 + 2 * 4
+    assert "layer 1: Sink_0^0.3 = 100.0%" in text and len(text.splitlines()) == 1 + 2 * 3 + 2 + 2
     with pytest.raises(ValueError, match="attention must be"):
         sinks.head_table(np.zeros((4, 4)))

@@ -1,15 +1,20 @@
-"""Transformer lab: small transformers across attention normalizations (PAPER.md section 6)."""
+"""Transformer lab: small transformers across attention maps (PAPER.md section 6)."""
 
 from .attention import (
-    NORMALIZATIONS as NORMALIZATIONS,
-    AbstractNormalization as AbstractNormalization,
-    make_normalization as make_normalization,
+    ATTENTIONS as ATTENTIONS,
+    AbstractAttention as AbstractAttention,
+    make_attention as make_attention,
 )
-from .experiments import make_config as make_config, run as run
+from .experiments import Config as Config, make_config as make_config, run as run
 from .model import Transformer as Transformer
 from .tasks import (
     classification as classification,
     induction as induction,
     single_token_attack as single_token_attack,
 )
-from .train import fit as fit
+from .train import (
+    AbstractTask as AbstractTask,
+    Classification as Classification,
+    Induction as Induction,
+    fit as fit,
+)

@@ -1,186 +1,198 @@
-"""Attention normalizations: weights `A[h, i, j]` from queries and keys under a mask.
+"""Attention maps: weights `A[h, i, j]` from queries and keys under a mask.
 
-Every normalization maps `q: [heads, queries, d]`, `k: [heads, keys, d]` and a boolean
-`mask: [queries, keys]` (True = may attend) to weights `[heads, queries, keys]` that are
-exactly zero where the mask is False. Scores are `s = q k^T / sqrt(d)` unless stated.
-Strings become objects only through `make_normalization(name, heads)`.
+The map from scores to weights is a `polarize.normalizations` normalization wherever it
+is the same function (softmax, softmax1, sigmoid, sigmoid-norm, sparsemax, the identity);
+this module adds only what attention needs on top: the mask, feature kernels on q and k
+(`elu + 1`, an MLP), a uniform map and the row rescalings of the paper's code.
+
+Every map takes `q: [heads, queries, d]`, `k: [heads, keys, d]` and a boolean
+`mask: [queries, keys]` (True = may attend) and returns weights `[heads, queries, keys]`
+that are exactly zero where the mask is False. Scores are `s = q k^T / sqrt(d)`.
+Strings become objects only through `make_attention(name, heads=..., head_dim=..., key=...)`,
+with the names of `ATTENTIONS`; the paper's code (tml-epfl/softmax) calls them:
+
+    softmax, uniform, sigmoid_unnorm = sigmoid, sigmoid_norm = sigmoid-norm,
+    coupled_linear_(un)norm = elu(-norm), linear(_unnorm) = elu-kernel(-norm),
+    raw_dotproduct_(un)norm = linear(-norm), mlp_(un)norm = mlp(-norm).
 """
 
 import abc
 import math
+from collections.abc import Callable
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from .. import normalizations as nz
 from ..errors import check_choice
 
 Q = Float[Array, "heads queries dim"]
 K = Float[Array, "heads keys dim"]
 Mask = Bool[Array, "queries keys"]
 Weights = Float[Array, "heads queries keys"]
+Rows = Literal["none", "sum", "clip"]
+
+# A masked score: finite, so every map (sort in sparsemax, sums) stays finite, yet far
+# enough below any real score that exp, sigmoid and elu + 1 give exactly 0 there.
+_MASKED = -1e9
 
 
-def _scores(q: Q, k: K) -> Weights:
-    return jnp.einsum("hqd,hkd->hqk", q, k) / jnp.asarray(math.sqrt(q.shape[-1]), q.dtype)
+class EluPlusOne(nz.AbstractNormalization):
+    """Elementwise `elu(a) + 1 > 0`, not normalized; used on scores and as a feature map."""
+
+    simplex: ClassVar[bool] = False
+
+    def __call__(self, a):
+        return jax.nn.elu(a) + 1
+
+    def vjp(self, a, c):
+        return jnp.where(a > 0, 1.0, jnp.exp(jnp.minimum(a, 0.0))) * c
+
+
+def _rescale(a: Weights, rows: Rows) -> Weights:
+    """`sum`: `a / sum_j a` (nonnegative maps); `clip`: `a / max(|sum_j a|, 1)`."""
+    if rows == "sum":
+        return nz.SumNorm()(a)
+    if rows == "clip":
+        total = jnp.abs(jnp.sum(a, axis=-1, keepdims=True))
+        return a / jnp.maximum(total, jnp.ones((), a.dtype))
+    return a
+
+
+def _gelu(x):
+    return jax.nn.gelu(x, approximate=False)  # torch's default GELU, as in the paper's code
 
 
 def _zero_masked(a: Weights, mask: Mask) -> Weights:
     return jnp.where(mask[None], a, jnp.zeros((), a.dtype))
 
 
-class AbstractNormalization(eqx.Module):
+class AbstractAttention(eqx.Module):
     """Maps queries and keys to attention weights.
 
-    `normalized`: a row-normalized variant (rows sum to one; for `Linear`, |row sum| <= 1).
+    `normalized`: rows sum to one (for `rows="clip"`: |row sum| <= 1).
     `output_gate`: the attention layer gates each head's output with a sigmoid.
     """
 
-    normalized: eqx.AbstractClassVar[bool]
-    output_gate: eqx.AbstractClassVar[bool]
+    @property
+    @abc.abstractmethod
+    def normalized(self) -> bool: ...
+
+    @property
+    def output_gate(self) -> bool:
+        return False
 
     @abc.abstractmethod
     def __call__(self, q: Q, k: K, mask: Mask) -> Weights: ...
 
 
-class Softmax(AbstractNormalization):
-    """`A_ij = exp(s_ij) / sum_j' exp(s_ij')` over unmasked keys."""
+class ScoreAttention(AbstractAttention):
+    """`A = rows(sigma(s + b))` on the unmasked keys; `b = -log(keys)` if `log_bias`.
 
-    normalized = True
-    output_gate = False
-
-    def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        return jax.nn.softmax(_scores(q, k), axis=-1, where=mask[None])
-
-
-class GatedSoftmax(Softmax):
-    """Softmax weights; the attention layer multiplies each head's output by a sigmoid gate."""
-
-    output_gate = True
-
-
-class SoftmaxSink(AbstractNormalization):
-    """`A_ij = exp(s_ij) / (exp(b_h) + sum_j' exp(s_ij'))`: a sink logit per head.
-
-    `b = 0` fixed is softmax1 ("off-by-one"); with `learnable` the logits train.
+    `sigma` is a core normalization applied along the keys, the masked scores set so low
+    that sigma gives them weight 0 (then they are zeroed exactly).
     """
 
-    logit: Float[Array, " heads"]
-    learnable: bool = eqx.field(static=True)
-    normalized = False
-    output_gate = False
-
-    def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        b = self.logit if self.learnable else jax.lax.stop_gradient(self.logit)
-        s = jnp.where(mask[None], _scores(q, k), -jnp.inf)
-        b = jnp.broadcast_to(b[:, None, None], s.shape[:-1] + (1,)).astype(s.dtype)
-        m = jnp.maximum(jnp.max(s, axis=-1, keepdims=True), b)
-        e = jnp.exp(s - m)
-        return e / (jnp.exp(b - m) + jnp.sum(e, axis=-1, keepdims=True))
-
-
-class Sigmoid(AbstractNormalization):
-    """`A_ij = sigmoid(s_ij + b)`, `b = -log n` (n = number of keys) if `bias`, else 0;
-    divided by the row sum if `normalize`."""
-
-    normalize: bool = eqx.field(static=True)
-    bias: bool = eqx.field(static=True)
-    output_gate = False
+    sigma: nz.AbstractNormalization
+    rows: Rows = eqx.field(static=True, default="none")
+    log_bias: bool = eqx.field(static=True, default=False)
+    gate: bool = eqx.field(static=True, default=False)
 
     @property
-    def normalized(self) -> bool:  # type: ignore[override]
-        return self.normalize
+    def normalized(self) -> bool:
+        return self.rows != "none" or self.sigma.simplex
+
+    @property
+    def output_gate(self) -> bool:
+        return self.gate
 
     def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        s = _scores(q, k)
-        if self.bias:
+        s = jnp.einsum("hqd,hkd->hqk", q, k) / jnp.asarray(math.sqrt(q.shape[-1]), q.dtype)
+        if self.log_bias:
             s = s - jnp.asarray(math.log(k.shape[-2]), s.dtype)
-        a = _zero_masked(jax.nn.sigmoid(s), mask)
-        if self.normalize:
-            a = a / jnp.sum(a, axis=-1, keepdims=True)
-        return a
+        a = self.sigma(jnp.where(mask[None], s, jnp.asarray(_MASKED, s.dtype)))
+        return _rescale(_zero_masked(a, mask), self.rows)
 
 
-class EluKernel(AbstractNormalization):
-    """Linear attention with feature map `phi = elu + 1`: `A_ij = phi(q_i).phi(k_j) / sqrt(d)`,
-    or divided by the row sum if `normalize` (then the `sqrt(d)` cancels)."""
+class KernelAttention(AbstractAttention):
+    """`A = rows(phi(q) phi(k)^T * c)`, `c = 1/sqrt(d)` if `scaled` else 1, masked to 0.
 
-    normalize: bool = eqx.field(static=True)
-    output_gate = False
+    `phi` acts on each head's query and key vectors: `elu + 1` or a small MLP.
+    """
 
-    @property
-    def normalized(self) -> bool:  # type: ignore[override]
-        return self.normalize
-
-    def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        a = _zero_masked(_scores(jax.nn.elu(q) + 1, jax.nn.elu(k) + 1), mask)
-        if self.normalize:
-            a = a / jnp.sum(a, axis=-1, keepdims=True)
-        return a
-
-
-class Linear(AbstractNormalization):
-    """Raw scores `A_ij = s_ij`, or `s_ij / max(|sum_j' s_ij'|, 1)` if `normalize`."""
-
-    normalize: bool = eqx.field(static=True)
-    output_gate = False
+    phi: Callable
+    scaled: bool = eqx.field(static=True)
+    rows: Rows = eqx.field(static=True, default="none")
 
     @property
-    def normalized(self) -> bool:  # type: ignore[override]
-        return self.normalize
+    def normalized(self) -> bool:
+        return self.rows != "none"
 
     def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        a = _zero_masked(_scores(q, k), mask)
-        if self.normalize:
-            total = jnp.abs(jnp.sum(a, axis=-1, keepdims=True))
-            a = a / jnp.maximum(total, jnp.ones((), a.dtype))
-        return a
+        fq, fk = self.phi(q), self.phi(k)
+        a = jnp.einsum("hqd,hkd->hqk", fq, fk)
+        if self.scaled:
+            a = a / jnp.asarray(math.sqrt(q.shape[-1]), a.dtype)
+        return _rescale(_zero_masked(a, mask), self.rows)
 
 
-class Sparsemax(AbstractNormalization):
-    """Euclidean projection of each score row onto the simplex (Martins & Astudillo 2016):
-    `A_ij = max(s_ij - tau_i, 0)` with `tau_i` chosen so the row sums to one."""
+class FeatureMLP(eqx.Module):
+    """`phi(x) = W2 gelu(W1 x + b1) + b2` on each head vector, hidden width `4 d`, shared
+    by the heads of a layer (the paper's `mlp` attention)."""
 
-    normalized = True
-    output_gate = False
+    mlp: eqx.nn.MLP
+
+    def __init__(self, dim: int, *, key: PRNGKeyArray):
+        self.mlp = eqx.nn.MLP(dim, dim, 4 * dim, 1, activation=_gelu, dtype=jnp.float32, key=key)
+
+    def __call__(self, x: Float[Array, "heads seq dim"]) -> Float[Array, "heads seq dim"]:
+        return jax.vmap(jax.vmap(self.mlp))(x)
+
+
+class UniformAttention(AbstractAttention):
+    """`A_ij = 1 / #(unmasked keys of row i)`: attention that cannot choose."""
+
+    @property
+    def normalized(self) -> bool:
+        return True
 
     def __call__(self, q: Q, k: K, mask: Mask) -> Weights:
-        s = _scores(q, k)
-        low = jnp.asarray(-1e9, s.dtype)  # finite so that k * z stays finite below
-        z = jnp.where(mask[None], s, low)
-        zs = -jnp.sort(-z, axis=-1)
-        cs = jnp.cumsum(zs, axis=-1)
-        r = jnp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
-        r = jnp.broadcast_to(r, z.shape)
-        support = (1 + r * zs > cs) & (zs > low)
-        size = jnp.sum(support, axis=-1, keepdims=True)
-        total = jnp.take_along_axis(cs, size - 1, axis=-1)
-        tau = (total - 1) / size.astype(z.dtype)
-        return _zero_masked(jnp.maximum(z - tau, jnp.zeros((), z.dtype)), mask)
+        a = jnp.broadcast_to(mask[None].astype(q.dtype), (q.shape[0],) + mask.shape)
+        return _rescale(a, "sum")
 
 
-def _sink(heads: int, learnable: bool) -> SoftmaxSink:
-    return SoftmaxSink(jnp.zeros((heads,), jnp.float32), learnable)
+def _sink(heads: int, learnable: bool) -> ScoreAttention:
+    # a per-head sink logit; as a Python float it is no array leaf, so it does not train
+    sink = jnp.zeros((heads, 1, 1), jnp.float32) if learnable else 0.0
+    return ScoreAttention(nz.Softmax1(sink=sink))
 
 
-NORMALIZATIONS = {
-    "softmax": lambda h: Softmax(),
-    "softmax1": lambda h: _sink(h, False),
-    "softmax-sink": lambda h: _sink(h, True),
-    "gated-softmax": lambda h: GatedSoftmax(),
-    "sparsemax": lambda h: Sparsemax(),
-    "sigmoid": lambda h: Sigmoid(normalize=False, bias=False),
-    "sigmoid-bias": lambda h: Sigmoid(normalize=False, bias=True),
-    "sigmoid-norm": lambda h: Sigmoid(normalize=True, bias=False),
-    "sigmoid-norm-bias": lambda h: Sigmoid(normalize=True, bias=True),
-    "elu": lambda h: EluKernel(normalize=False),
-    "elu-norm": lambda h: EluKernel(normalize=True),
-    "linear": lambda h: Linear(normalize=False),
-    "linear-norm": lambda h: Linear(normalize=True),
+ATTENTIONS: dict[str, Callable[[int, int, PRNGKeyArray], AbstractAttention]] = {
+    "softmax": lambda h, d, key: ScoreAttention(nz.Softmax()),
+    "softmax1": lambda h, d, key: _sink(h, False),
+    "softmax-sink": lambda h, d, key: _sink(h, True),
+    "gated-softmax": lambda h, d, key: ScoreAttention(nz.Softmax(), gate=True),
+    "sparsemax": lambda h, d, key: ScoreAttention(nz.Sparsemax()),
+    "uniform": lambda h, d, key: UniformAttention(),
+    "sigmoid": lambda h, d, key: ScoreAttention(nz.Sigmoid()),
+    "sigmoid-norm": lambda h, d, key: ScoreAttention(nz.SigmoidNorm()),
+    "sigmoid-bias": lambda h, d, key: ScoreAttention(nz.Sigmoid(), log_bias=True),
+    "sigmoid-norm-bias": lambda h, d, key: ScoreAttention(nz.SigmoidNorm(), log_bias=True),
+    "elu": lambda h, d, key: ScoreAttention(EluPlusOne()),
+    "elu-norm": lambda h, d, key: ScoreAttention(EluPlusOne(), rows="sum"),
+    "elu-kernel": lambda h, d, key: KernelAttention(EluPlusOne(), scaled=False),
+    "elu-kernel-norm": lambda h, d, key: KernelAttention(EluPlusOne(), scaled=False, rows="sum"),
+    "linear": lambda h, d, key: ScoreAttention(nz.Linear()),
+    "linear-norm": lambda h, d, key: ScoreAttention(nz.Linear(), rows="clip"),
+    "mlp": lambda h, d, key: KernelAttention(FeatureMLP(d, key=key), scaled=True),
+    "mlp-norm": lambda h, d, key: KernelAttention(FeatureMLP(d, key=key), scaled=True, rows="clip"),
 }
 
 
-def make_normalization(name: str, heads: int) -> AbstractNormalization:
-    """The normalization registered as `name`, sized for `heads` heads where it has parameters."""
-    return NORMALIZATIONS[check_choice("norm", name, NORMALIZATIONS)](heads)
+def make_attention(name: str, *, heads: int, head_dim: int, key: PRNGKeyArray) -> AbstractAttention:
+    """The attention map registered as `name`, sized for `heads` heads of size `head_dim`
+    (`key` initializes the maps with parameters)."""
+    return ATTENTIONS[check_choice("norm", name, ATTENTIONS)](heads, head_dim, key)

@@ -22,8 +22,9 @@ def _grid_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="result directory")
     p.add_argument(
         "--preset",
-        default="default",
-        help="default (CPU, < 15 min), small (seconds) or paper (the full grid, GPU)",
+        default="cpu",
+        help="cpu (the paper's budget on 2 CPU cores, < 25 min), small (seconds) or "
+        "paper (the paper's grid, a GPU job)",
     )
     p.add_argument("--small", action="store_true", help="same as --preset small")
     p.add_argument("--norms", help="comma-separated attention normalizations")
@@ -36,6 +37,8 @@ def _grid_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, help="passes over the training set")
     p.add_argument("--train-size", type=int, help="training sequences per seed")
     p.add_argument("--batch", type=int, help="batch size")
+    p.add_argument("--positions", help="position encoding: add, concat, none or rope")
+    p.add_argument("--record-every", type=int, help="record the probe every this many steps (0: per epoch)")
     p.add_argument(
         "--overwrite", action="store_true", help="replace a result directory that holds a different config"
     )
@@ -67,23 +70,30 @@ def _run_grid(task: str, args) -> int:
         epochs=args.epochs,
         train_size=args.train_size,
         batch=args.batch,
-        **({"shift_query": True} if getattr(args, "shift_query", False) else {}),
+        positions=args.positions,
+        record_every=args.record_every,
+        shift_query=getattr(args, "shift_query", None),
+        aux_weight=getattr(args, "aux_weight", None),
     )
     summary = experiments.run(config, args.out, overwrite=args.overwrite)
     for name, e in summary["by_norm"].items():
         if task == "induction":
-            fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+            if e["sink_share"] is None:
+                share = "n/a (no run reached accuracy 0.95)"
+            else:
+                lo, hi = e["sink_share_90"]
+                share = (
+                    f"{e['sink_share']:.3f} [90% {lo:.3f}, {hi:.3f}] ({e['sink_heads']}/{e['heads_counted']} "
+                    f"heads), mean sink score {e['mean_sink_score']:.3f}"
+                )
             print(
-                f"{name:>18}: sink-head share {fmt(e['sink_share'])} ({e['sink_heads']}/"
-                f"{e['heads_counted']} heads, {e['qualified']}/{e['runs']} runs qualified), "
-                f"mean sink score {fmt(e['mean_sink_score'])}, "
-                f"Sink_0^0.3 share {fmt(e['gu_sink_share'])}, "
-                f"accuracy {e['accuracy']:.3f}, sparsity {e['sparsity']:.3f}"
+                f"{name:>16}: sink-head share {share}; {e['qualified']}/{e['runs']} runs qualified, "
+                f"accuracy {e['accuracy']:.3f}"
             )
         else:
             print(
                 f"{name:>18}: flip rate {e['flip_rate']:.3f} ({e['runs']} runs x "
-                f"{config['pairs']} pairs), accuracy {e['accuracy']:.3f}, "
+                f"{config.pairs} pairs), accuracy {e['accuracy']:.3f}, "
                 f"CLS sparsity {e['sparsity']:.3f}"
             )
     print(f"results in {args.out}")
@@ -109,8 +119,12 @@ def _sinks(args) -> int:
             f"`--key` {key!r} must hold numbers shaped [heads, q, k], [layers, heads, q, k] "
             f"or [batch, layers, heads, q, k]; got {a.dtype} {a.shape}"
         )
-    table = sinks.head_table(a)
-    print(sinks.format_table(table))
+    if args.eps is None or not 0 <= args.eps < 1:
+        raise PolarizeError(f"`--eps` must be in [0, 1); got {args.eps}")
+    if a.shape[-1] == a.shape[-2] and not 0 <= args.k < a.shape[-1]:
+        raise PolarizeError(f"`--k` must be a key position in 0..{a.shape[-1] - 1}; got {args.k}")
+    table = sinks.head_table(a, eps=args.eps, key=args.k)
+    print(sinks.format_table(table, eps=args.eps))
     out = Path(args.out) if args.out else path.with_suffix(".png")
     figures.heatmap(table, out, title=f"{path.name}: {key}")
     print(f"figure: {out}")
@@ -122,8 +136,11 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("induction", help="train transformers on the induction task")
     _grid_options(p)
     p.add_argument(
-        "--shift-query", action="store_true", help="write the repeated (query) token as token + vocab + 1"
+        "--shift-query",
+        action=argparse.BooleanOptionalAction,
+        help="write the repeated (query) token as token + vocab (the paper's default: on)",
     )
+    p.add_argument("--aux-weight", type=float, help="weight of the loss at the non-final positions (0.2)")
     p.set_defaults(func=lambda a: _run_grid("induction", a))
     p = subparsers.add_parser("classify", help="train classifiers, attack single tokens")
     _grid_options(p)
@@ -133,9 +150,13 @@ def add_subcommands(subparsers) -> None:
         help="per-head sink table of attention maps in a .npz",
         description="Attention maps shaped [heads, q, k], [layers, heads, q, k] or "
         "[batch, layers, heads, q, k] (batch averaged); any normalization, "
-        "metrics use |A| renormalized per row.",
+        "metrics use |A| renormalized per row. Prints per-head metrics, Sink_k^eps per layer "
+        "and over all layers x heads (Gu et al.); a map with any weight above the diagonal "
+        "is bidirectional and alpha_k averages over all queries, else over i >= k.",
     )
     p.add_argument("file", metavar="FILE", help=".npz file with attention maps")
     p.add_argument("--key", help="array name in FILE (default: 'attention' or the only one)")
     p.add_argument("--out", help="heatmap PNG (default: FILE with .png)")
+    p.add_argument("--k", type=int, default=0, help="key position k of Sink_k^eps (default 0)")
+    p.add_argument("--eps", type=float, default=sinks.SINK_EPS, help="threshold eps (default 0.3)")
     p.set_defaults(func=_sinks)

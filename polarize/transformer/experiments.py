@@ -7,6 +7,7 @@ finished run, written atomically: an interrupted run restarts where it stopped),
 `fold_in(key(seed), s)` alone, whatever else is in the grid.
 """
 
+import dataclasses
 import importlib.metadata
 import shutil
 import sys
@@ -22,125 +23,160 @@ import numpy as np
 from .. import sinks
 from ..errors import PolarizeError, check_choice, check_positive
 from ..storage import read_json, read_npz, write_json, write_npz
-from . import figures, tasks, train
-from .attention import NORMALIZATIONS, make_normalization
-from .model import Transformer
+from . import figures, train
+from .attention import ATTENTIONS, make_attention
+from .model import POSITIONS, Transformer
 
 TASKS = ("induction", "classify")
-QUALIFY = 0.95  # induction accuracy a run needs for its heads to count
-SINK_HEAD = 0.9  # BOS share above which a head is a sink head
+QUALIFY = 0.95  # induction accuracy a run needs for its heads to count (the paper's)
+SINK_HEAD = 0.9  # sink score above which a head is a sink head (the paper's)
+PAPER_NORMS = (
+    "softmax", "uniform", "sigmoid", "sigmoid-norm", "elu", "elu-norm",
+    "elu-kernel", "elu-kernel-norm", "linear", "linear-norm", "mlp", "mlp-norm",
+)  # fmt: skip
 
-_COMMON = dict(width=64, batch=256, seed=0, test_size=1000, weight_decay=0.01)
-PRESETS = {
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything a grid of runs needs; validated at construction, stored as config.json.
+
+    The grid is `norms x layers x heads x lrs`, each trained for `seeds` seeds. Induction
+    uses `shift_query`, `aux_weight` and counts sink heads in layer `sink_layer` (the
+    paper counts layer index 1); classification uses `pairs`. `record_every` > 0 records
+    the task's probe (for induction the sink score per head) every that many steps.
+    """
+
+    task: str = "induction"
+    preset: str = "custom"
+    norms: tuple[str, ...] = ("softmax", "sigmoid")
+    layers: tuple[int, ...] = (2,)
+    heads: tuple[int, ...] = (4,)
+    lrs: tuple[float, ...] = (1e-3,)
+    seeds: int = 3
+    seed: int = 0
+    epochs: int = 10
+    train_size: int = 100_000
+    batch: int = 256
+    test_size: int = 1000
+    width: int = 128
+    weight_decay: float = 0.01
+    positions: str = "add"
+    shift_query: bool = True
+    aux_weight: float = 0.2
+    sink_layer: int = 1
+    pairs: int = 500
+    record_every: int = 100
+    probe_size: int = 256
+
+    def __post_init__(self):
+        check_choice("task", self.task, TASKS)
+        check_choice("positions", self.positions, POSITIONS)
+        for name in self.norms:
+            check_choice("norms", name, ATTENTIONS)
+        for name in ("width", "seeds", "epochs", "train_size", "batch", "test_size", "probe_size", "pairs"):
+            check_positive(name.replace("_", "-"), getattr(self, name), integer=True)
+        for h in self.heads:
+            check_positive("heads", h, integer=True)
+            if self.width % h:
+                raise PolarizeError(f"`heads` must divide `width`={self.width}; got {h}")
+        for n in self.layers:
+            check_positive("layers", n, integer=True)
+        for lr in self.lrs:
+            check_positive("lr", lr)
+        if self.batch > self.train_size:
+            raise PolarizeError(f"`batch` must be at most `train-size`={self.train_size}; got {self.batch}")
+        if self.aux_weight < 0:
+            raise PolarizeError(f"`aux-weight` must be >= 0; got {self.aux_weight}")
+        if self.record_every < 0:
+            raise PolarizeError(f"`record-every` must be >= 0 (0: once per epoch); got {self.record_every}")
+        if self.task == "induction" and not 0 <= self.sink_layer < min(self.layers):
+            raise PolarizeError(
+                f"`sink-layer` must be a layer index below every `layers` value "
+                f"(min {min(self.layers)}); got {self.sink_layer}"
+            )
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * (self.train_size // self.batch)
+
+    def make_task(self) -> train.AbstractTask:
+        if self.task == "induction":
+            return train.Induction(shift_query=self.shift_query, aux_weight=self.aux_weight)
+        return train.Classification(pairs=self.pairs)
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, stored: dict) -> "Config":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in fields})
+
+
+_SMALL = dict(
+    layers=(2,), heads=(2,), lrs=(3e-3,), seeds=2, epochs=2, train_size=2048,
+    batch=64, width=16, test_size=128, record_every=16, probe_size=64,
+)  # fmt: skip
+PRESETS: dict[str, dict[str, Config]] = {
     "induction": {
-        "default": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "linear"],
-            layers=[2],
-            heads=[4],
-            lrs=[3e-3],
+        # the paper's budget (10 x 100k sequences, batch 256: 3,900 steps) at width 32:
+        # see the README for why this width and these heads
+        "cpu": Config(
+            preset="cpu",
+            norms=("softmax", "sigmoid", "sigmoid-norm", "linear"),
+            heads=(4,),
+            width=32,
             seeds=3,
-            epochs=4,
-            train_size=51200,
-            shift_query=False,
-            positions="learned",
         ),
-        "small": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid"],
-            layers=[2],
-            heads=[2],
-            lrs=[3e-3],
-            seeds=2,
-            epochs=2,
-            train_size=2048,
-            batch=64,
-            width=16,
-            test_size=128,
-            shift_query=False,
-            positions="learned",
-        ),
-        "paper": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "elu-norm", "linear", "linear-norm"],
-            layers=[2],
-            heads=[1, 2, 4, 8],
-            lrs=[1e-2, 1e-3, 1e-4],
-            seeds=5,
-            epochs=10,
-            train_size=100000,
-            width=128,
-            shift_query=False,
-            positions="learned",
+        "small": Config(preset="small", norms=("softmax", "sigmoid"), **_SMALL),
+        # the paper's figure: aux 0.2, query shift on, positions add; 12 maps, 4 head counts,
+        # 3 learning rates, 5 seeds, width 128 (a GPU job)
+        "paper": Config(
+            preset="paper", norms=PAPER_NORMS, heads=(1, 2, 4, 8), lrs=(1e-2, 1e-3, 1e-4), seeds=5
         ),
     },
     "classify": {
-        "default": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "linear"],
-            layers=[1, 2],
-            heads=[1, 4],
-            lrs=[3e-3],
-            seeds=3,
+        "cpu": Config(
+            task="classify",
+            preset="cpu",
+            norms=("softmax", "sigmoid", "sigmoid-norm", "elu-kernel", "linear"),
+            layers=(1, 2),
+            heads=(1, 4),
+            lrs=(3e-3,),
             epochs=2,
             train_size=12800,
-            pairs=500,
+            width=64,
             positions="none",
+            record_every=0,
         ),
-        "small": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid"],
-            layers=[1],
-            heads=[2],
-            lrs=[3e-3],
-            seeds=2,
-            epochs=2,
-            train_size=1024,
-            batch=64,
-            width=16,
-            test_size=128,
+        "small": Config(
+            task="classify",
+            preset="small",
+            norms=("softmax", "sigmoid"),
+            positions="none",
             pairs=64,
-            positions="none",
-        ),
-        "paper": dict(
-            _COMMON,
-            norms=["softmax", "sigmoid", "sigmoid-norm", "elu", "elu-norm", "linear", "linear-norm"],
-            layers=[1, 2, 4],
-            heads=[1, 2, 4, 8],
-            lrs=[1e-3],
+            **dict(_SMALL, layers=(1,)),
+        ),  # fmt: skip
+        "paper": Config(
+            task="classify",
+            preset="paper",
+            norms=PAPER_NORMS,
+            layers=(1, 2, 4),
+            heads=(1, 2, 4, 8),
             seeds=5,
-            epochs=10,
-            train_size=100000,
-            width=128,
-            pairs=500,
             positions="none",
+            record_every=0,
         ),
     },
 }
 
 
-def make_config(task: str, preset: str = "default", **overrides) -> dict:
-    """The preset's settings with `overrides` (None = keep), validated."""
+def make_config(task: str, preset: str = "cpu", **overrides) -> Config:
+    """The preset's config with `overrides` (None = keep), validated."""
     check_choice("task", task, TASKS)
-    config = dict(PRESETS[task][check_choice("preset", preset, PRESETS[task])])
-    config.update({k: v for k, v in overrides.items() if v is not None})
-    for name in config["norms"]:
-        check_choice("norms", name, NORMALIZATIONS)
-    for name in ("width", "seeds", "epochs", "train_size", "batch", "test_size"):
-        check_positive(name.replace("_", "-"), config[name], integer=True)
-    for h in config["heads"]:
-        check_positive("heads", h, integer=True)
-        if config["width"] % h:
-            raise PolarizeError(f"`heads` must divide `width`={config['width']}; got {h}")
-    for n in config["layers"]:
-        check_positive("layers", n, integer=True)
-    for lr in config["lrs"]:
-        check_positive("lr", lr)
-    if config["batch"] > config["train_size"]:
-        raise PolarizeError(
-            f"`batch` must be at most `train-size`={config['train_size']}; got {config['batch']}"
-        )
-    return dict(task=task, preset=preset, **config)
+    base = PRESETS[task][check_choice("preset", preset, PRESETS[task])]
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(base, **changes)
 
 
 def versions() -> dict:
@@ -148,13 +184,13 @@ def versions() -> dict:
     return dict(python=sys.version.split()[0], **{n: importlib.metadata.version(n) for n in names})
 
 
-def variants(config: dict) -> list[dict]:
+def variants(config: Config) -> list[dict]:
     return [
         dict(norm=n, layers=la, heads=h, lr=lr)
-        for n in config["norms"]
-        for la in config["layers"]
-        for h in config["heads"]
-        for lr in config["lrs"]
+        for n in config.norms
+        for la in config.layers
+        for h in config.heads
+        for lr in config.lrs
     ]
 
 
@@ -162,14 +198,14 @@ def unit_name(v: dict, seed: int) -> str:
     return f"{v['norm']}_L{v['layers']}_H{v['heads']}_lr{v['lr']:g}_s{seed}"
 
 
-def prepare(out: Path, config: dict, overwrite: bool) -> None:
+def prepare(out: Path, config: Config, overwrite: bool) -> None:
     """Create `out`, resume it if it holds this config, refuse or clear it otherwise."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PolarizeError(f"`--out` must be a directory; got file {out}")
     stored = out / "config.json"
     if out.exists() and any(out.iterdir()):
-        same = stored.exists() and _without_versions(read_json(stored)) == config
+        same = stored.exists() and _without_versions(read_json(stored)) == config.to_json()
         if not same and not overwrite:
             raise PolarizeError(
                 f"`--out` {out} is not empty and holds a different config (or none); "
@@ -179,149 +215,144 @@ def prepare(out: Path, config: dict, overwrite: bool) -> None:
             shutil.rmtree(out / "units", ignore_errors=True)
             for f in [stored, out / "summary.json", *out.glob("*.png")]:
                 f.unlink(missing_ok=True)
-    write_json(stored, dict(config, versions=versions()))
+    write_json(stored, dict(config.to_json(), versions=versions()))
 
 
 def _without_versions(stored: dict) -> dict:
     return {k: v for k, v in stored.items() if k != "versions"}
 
 
-def _model_maker(config: dict, v: dict, vocab: int, out_vocab: int, causal: bool):
+def train_variant(config: Config, v: dict, keys) -> list[dict]:
+    """Train variant `v` for the seeds whose keys are `keys[seeds, 4]`; one result per seed."""
+    task = config.make_task()
+    k_init, k_data, k_shuffle, k_test = (keys[:, i] for i in range(4))
+
     def make(key):
         return Transformer(
-            vocab,
-            out_vocab,
-            width=config["width"],
+            task.vocab,
+            task.out_vocab,
+            width=config.width,
             layers=v["layers"],
             heads=v["heads"],
             norm=v["norm"],
-            causal=causal,
-            positions=config["positions"],
+            causal=task.causal,
+            positions=config.positions,
             key=key,
         )
 
-    return make
-
-
-def _forward(models, x):
-    """Logits and attention maps of stacked models on a batch: `[seeds, n, ...]`."""
-    return eqx.filter_vmap(lambda m: jax.vmap(m.forward)(x), in_axes=(eqx.if_array(0),))(models)
-
-
-def _train_induction(config, v, keys):
-    k_init, k_data, k_shuffle, k_test = (keys[:, i] for i in range(4))
-    vocab = tasks.induction_vocab(50, config["shift_query"])
-    models = train.stack_models(_model_maker(config, v, vocab, vocab, True), k_init)
-    gen = lambda k, n: tasks.induction(k, n, shift_query=config["shift_query"])
-    data = jax.vmap(lambda k: gen(k, config["train_size"]))(k_data)
-    models, history = train.fit(
-        models,
-        train.induction_loss,
-        data,
-        k_shuffle,
-        lr=v["lr"],
-        epochs=config["epochs"],
-        batch=config["batch"],
-        weight_decay=config["weight_decay"],
+    models = train.stack_models(make, k_init)
+    data = jax.vmap(lambda k: task.data(k, config.train_size))(k_data)
+    # a fixed probe set per seed, drawn apart from the training and test sets
+    probe = jax.vmap(lambda k: task.data(k, config.probe_size))(
+        jax.vmap(lambda k: jax.random.fold_in(k, 1))(k_test)
     )
-    results = []
-    for s in range(keys.shape[0]):
-        x, y = gen(k_test[s], config["test_size"])
-        model = jax.tree.map(lambda a: a[s] if eqx.is_array(a) else a, models)
-        logits, full = jax.vmap(model.forward)(x)
-        maps = full[..., 1:, :]  # query 0 sees only BOS under causal masking: not informative
-        results.append(
-            dict(
-                accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y[:, -1]),
-                sink_score=jnp.mean(sinks.bos_share(maps), 0),
-                alpha0=jnp.mean(sinks.importance(full)[..., 0], 0),
-                sparsity=jnp.mean(sinks.sparsity(maps), 0),
-                entropy=jnp.mean(sinks.mean_entropy(maps), 0),
-                example=jax.vmap(model.forward)(x[:1])[1][0],
-                loss=history[s],
-            )
-        )
-    return results
-
-
-def _train_classify(config, v, keys):
-    k_init, k_data, k_shuffle, k_test = (keys[:, i] for i in range(4))
-    models = train.stack_models(_model_maker(config, v, 41, 4, False), k_init)
-    data = jax.vmap(lambda k: tasks.classification(k, config["train_size"]))(k_data)
     models, history = train.fit(
         models,
-        train.classification_loss,
+        task,
         data,
         k_shuffle,
         lr=v["lr"],
-        epochs=config["epochs"],
-        batch=config["batch"],
-        weight_decay=config["weight_decay"],
+        epochs=config.epochs,
+        batch=config.batch,
+        weight_decay=config.weight_decay,
+        record_every=config.record_every,
+        probe_data=probe,
     )
     results = []
     for s in range(keys.shape[0]):
         model = jax.tree.map(lambda a: a[s] if eqx.is_array(a) else a, models)
-        kt, ka, kb, kshift, kpos = jax.random.split(k_test[s], 5)
-        x, y = tasks.classification(kt, config["test_size"])
-        logits, maps = jax.vmap(model.forward)(x)
-        cls_rows = maps[..., -1:, :]  # [n, layers, heads, 1, keys]
-        # single-token attack: A and B of different classes
-        n = config["pairs"]
-        xa, la = tasks.classification(ka, n)
-        lb = (la + jax.random.randint(kshift, (n,), 1, 4)) % 4
-        xb, _ = tasks.classification(kb, n, labels=lb)
-        _, maps_a = jax.vmap(model.forward)(xa)
-        attention_a = jnp.mean(maps_a[:, -1, :, -1, :], axis=1)  # last layer, heads averaged
-        attacked = tasks.single_token_attack(kpos, xa, xb, attention_a)
-        pred = jnp.argmax(jax.vmap(model)(attacked)[:, -1], -1)
-        pred_b = jnp.argmax(jax.vmap(model)(xb)[:, -1], -1)
-        results.append(
-            dict(
-                accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y),
-                flip_rate=jnp.mean(pred == la),
-                clean_b_accuracy=jnp.mean(pred_b == lb),
-                sparsity=jnp.mean(sinks.sparsity(cls_rows), 0),
-                entropy=jnp.mean(sinks.mean_entropy(cls_rows), 0),
-                example=maps[0],
-                loss=history[s],
-            )
-        )
+        result = task.evaluate(model, k_test[s], config.test_size)
+        result.update({f"history_{k}": val[s] for k, val in history.items() if k != "step"})
+        results.append(dict(result, history_step=history["step"]))
     return results
 
 
-def run(config: dict, out, *, overwrite: bool = False, log: Callable = print) -> dict:
+def run(config: Config, out, *, overwrite: bool = False, log: Callable = print) -> dict:
     """Train every unfinished (variant, seed) of `config` into `out`; return the summary."""
     out = Path(out)
     prepare(out, config, overwrite)
-    trainer = _train_induction if config["task"] == "induction" else _train_classify
-    base = jax.random.key(config["seed"])
+    base = jax.random.key(config.seed)
     for v in variants(config):
-        todo = [s for s in range(config["seeds"]) if not (out / "units" / f"{unit_name(v, s)}.npz").exists()]
+        todo = [s for s in range(config.seeds) if not (out / "units" / f"{unit_name(v, s)}.npz").exists()]
         if not todo:
             continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         keys = jnp.stack([jax.random.split(jax.random.fold_in(base, s), 4) for s in todo])
-        for s, result in zip(todo, trainer(config, v, keys)):
+        for s, result in zip(todo, train_variant(config, v, keys)):
             arrays = {k: np.asarray(val) for k, val in result.items()}
             write_npz(out / "units" / f"{unit_name(v, s)}.npz", dict(arrays, seed=np.asarray(s)))
-        log(f"{unit_name(v, 0)[:-3]}: {len(todo)} seeds in {time.perf_counter() - start:.1f}s", flush=True)
+        log(
+            f"{unit_name(v, 0)[:-3]}: {len(todo)} seeds x {config.steps} steps in "
+            f"{time.perf_counter() - start:.1f}s wall, {time.process_time() - cpu:.1f}s CPU",
+            flush=True,
+        )
     summary = summarize(config, out)
     write_json(out / "summary.json", summary)
     figures.draw(config, summary, load_units(config, out), out)
     return summary
 
 
-def load_units(config: dict, out: Path) -> list[dict]:
+def load_units(config: Config, out: Path) -> list[dict]:
     units = []
     for v in variants(config):
-        for s in range(config["seeds"]):
+        for s in range(config.seeds):
             path = Path(out) / "units" / f"{unit_name(v, s)}.npz"
             if path.exists():
                 units.append({**read_npz(path), **v, "seed": s})
     return units
 
 
-def summarize(config: dict, out: Path) -> dict:
+def bootstrap_interval(values, level: float = 0.9, resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """Percentile bootstrap interval of the mean of `values` (the runs are resampled)."""
+    values = np.asarray(values, float)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, (resamples, values.size))].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    return [float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))]
+
+
+def run_sink_shares(config: Config, units: list[dict]) -> np.ndarray:
+    """Per run: the share of layer `sink_layer`'s heads with sink score > SINK_HEAD."""
+    return np.asarray([np.mean(u["sink_score"][config.sink_layer] > SINK_HEAD) for u in units])
+
+
+def _induction_entry(config: Config, group: list[dict]) -> dict:
+    ok = [u for u in group if u["accuracy"] > QUALIFY]
+    layer = config.sink_layer
+    entry: dict = dict(qualified=len(ok), sink_share=None, sink_share_90=None, sink_heads=0, heads_counted=0)
+    if ok:
+        shares = run_sink_shares(config, ok)
+        scores = np.concatenate([u["sink_score"][layer].ravel() for u in ok])
+        entry.update(
+            sink_share=float(shares.mean()),
+            sink_share_90=bootstrap_interval(shares),
+            run_sink_shares=[float(x) for x in shares],
+            sink_heads=int(np.sum(scores > SINK_HEAD)),
+            heads_counted=int(scores.size),
+            mean_sink_score=float(scores.mean()),
+            # the same runs under other definitions: the lab's older score (|A| on key 0
+            # averaged over all query rows 1..L-1) in the same layer, and the paper's
+            # score in the other layers
+            mean_bos_share_all_rows=float(np.mean([u["bos_share"][layer].mean() for u in ok])),
+            sink_share_all_rows=float(np.mean([np.mean(u["bos_share"][layer] > SINK_HEAD) for u in ok])),
+            sink_share_by_layer=[
+                float(np.mean([np.mean(u["sink_score"][la] > SINK_HEAD) for u in ok]))
+                for la in range(min(u["sink_score"].shape[0] for u in ok))
+            ],
+            gu_sink_share=float(np.mean(np.concatenate([u["alpha0"].ravel() for u in ok]) > sinks.SINK_EPS)),
+        )
+    steps = group[0]["history_step"]
+    if "history_bos_score" in group[0]:
+        curves = np.stack([np.mean(u["history_bos_score"][:, layer] > SINK_HEAD, axis=-1) for u in group])
+        entry.update(
+            emergence_steps=[int(x) for x in steps],
+            emergence_sink_share=[float(x) for x in curves.mean(0)],
+            emergence_accuracy=[float(x) for x in np.mean([u["history_accuracy"] for u in group], 0)],
+        )
+    return entry
+
+
+def summarize(config: Config, out: Path) -> dict:
     """Per normalization (and per variant): run counts and the paper's metrics."""
     units = load_units(config, out)
     groups: dict = {"by_norm": {}, "by_variant": {}}
@@ -330,35 +361,23 @@ def summarize(config: dict, out: Path) -> dict:
             group = [u for u in units if select(u) == name]
             norm = group[0]["norm"]
             entry = dict(
-                normalized=make_normalization(norm, 1).normalized,
+                normalized=make_attention(norm, heads=1, head_dim=2, key=jax.random.key(0)).normalized,
                 runs=len(group),
                 accuracy=float(np.mean([u["accuracy"] for u in group])),
                 sparsity=float(np.mean([u["sparsity"].mean() for u in group])),
             )
-            if config["task"] == "induction":
-                ok = [u for u in group if u["accuracy"] > QUALIFY]
-                scores = np.concatenate([u["sink_score"].ravel() for u in ok] or [np.zeros(0)])
-                entry.update(
-                    qualified=len(ok),
-                    heads_counted=int(scores.size),
-                    sink_heads=int(np.sum(scores > SINK_HEAD)),
-                    sink_share=float(np.mean(scores > SINK_HEAD)) if ok else None,
-                    mean_sink_score=float(np.mean(scores)) if ok else None,
-                    gu_sink_share=float(
-                        np.mean(np.concatenate([u["alpha0"].ravel() for u in ok]) > sinks.SINK_EPS)
-                    )
-                    if ok
-                    else None,
-                )
+            if config.task == "induction":
+                entry.update(_induction_entry(config, group))
             else:
                 entry.update(
                     flip_rate=float(np.mean([u["flip_rate"] for u in group])),
-                    pairs=len(group) * config["pairs"],
+                    pairs=len(group) * config.pairs,
                 )
             groups[key][name] = entry
     return dict(
-        task=config["task"],
+        task=config.task,
+        steps=config.steps,
         units=len(units),
-        expected_units=len(variants(config)) * config["seeds"],
+        expected_units=len(variants(config)) * config.seeds,
         **groups,
     )

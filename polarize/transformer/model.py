@@ -1,8 +1,12 @@
-"""A small pre-LayerNorm transformer with a pluggable attention normalization.
+"""A small pre-LayerNorm transformer with a pluggable attention map.
 
-`x <- x + Attn(LN(x))`, `x <- x + MLP(LN(x))` (MLP width x4, GELU), then `LN` and a linear
-read-out. Causal or bidirectional; positions none, learned additive, or RoPE. Parameters
-are float32 whatever `jax_enable_x64` says, for speed.
+`x <- x + Attn(LN(x))`, `x <- x + MLP(LN(x))` (MLP width x4, exact GELU), then `LN` and a
+linear read-out, as in the paper's code. Causal or bidirectional. Positions (learned
+embeddings initialized N(0, 1), like the token embeddings):
+- `add`: token and position embeddings of the full width, summed;
+- `concat`: a token embedding of width/2 and a position embedding of width/2, side by side;
+- `none`; `rope`: rotary positions on q and k (not in the paper).
+Parameters are float32 whatever `jax_enable_x64` says, for speed.
 """
 
 import equinox as eqx
@@ -11,9 +15,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ..errors import PolarizeError, check_choice, check_positive
-from .attention import AbstractNormalization, make_normalization
+from .attention import AbstractAttention, make_attention
 
-POSITIONS = ("none", "learned", "rope")
+POSITIONS = ("add", "concat", "none", "rope")
 F32 = jnp.float32
 
 
@@ -29,21 +33,22 @@ def rope(x: Float[Array, "heads seq dim"]) -> Float[Array, "heads seq dim"]:
 
 
 class Attention(eqx.Module):
-    """Multi-head attention whose weights come from `normalization`."""
+    """Multi-head attention whose weights come from the attention map `attend`."""
 
     qkv: eqx.nn.Linear
     out: eqx.nn.Linear
     gate: eqx.nn.Linear | None
-    normalization: AbstractNormalization
+    attend: AbstractAttention
     heads: int = eqx.field(static=True)
     use_rope: bool = eqx.field(static=True)
 
     def __init__(self, width: int, heads: int, norm: str, use_rope: bool, *, key: PRNGKeyArray):
-        k1, k2, k3 = jax.random.split(key, 3)
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        # one Linear for q, k and v: the same init (uniform, bound 1/sqrt(width)) as three
         self.qkv = eqx.nn.Linear(width, 3 * width, dtype=F32, key=k1)
         self.out = eqx.nn.Linear(width, width, dtype=F32, key=k2)
-        self.normalization = make_normalization(norm, heads)
-        gated = self.normalization.output_gate
+        self.attend = make_attention(norm, heads=heads, head_dim=width // heads, key=k4)
+        gated = self.attend.output_gate
         self.gate = eqx.nn.Linear(width, width, dtype=F32, key=k3) if gated else None
         self.heads = heads
         self.use_rope = use_rope
@@ -56,7 +61,7 @@ class Attention(eqx.Module):
         q, k, v = (t.reshape(n, self.heads, -1).transpose(1, 0, 2) for t in (q, k, v))
         if self.use_rope:
             q, k = rope(q), rope(k)
-        a = self.normalization(q, k, mask)
+        a = self.attend(q, k, mask)
         o = jnp.einsum("hqk,hkd->qhd", a, v).reshape(n, width)
         if self.gate is not None:
             o = o * jax.nn.sigmoid(jax.vmap(self.gate)(x))
@@ -82,7 +87,7 @@ class Block(eqx.Module):
         h, a = self.attention(jax.vmap(self.ln1)(x), mask)
         x = x + h
         h = jax.vmap(self.ln2)(x)
-        return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h))), a
+        return x + jax.vmap(self.down)(jax.nn.gelu(jax.vmap(self.up)(h), approximate=False)), a
 
 
 class Transformer(eqx.Module):
@@ -94,6 +99,7 @@ class Transformer(eqx.Module):
     ln: eqx.nn.LayerNorm
     unembed: eqx.nn.Linear
     causal: bool = eqx.field(static=True)
+    concat: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -105,7 +111,7 @@ class Transformer(eqx.Module):
         heads: int = 1,
         norm: str = "softmax",
         causal: bool = True,
-        positions: str = "learned",
+        positions: str = "add",
         max_len: int = 64,
         key: PRNGKeyArray,
     ):
@@ -124,11 +130,17 @@ class Transformer(eqx.Module):
                 f"`width` must be divisible by `heads` (into even head sizes for rope); "
                 f"got width={width}, heads={heads}"
             )
+        if positions == "concat" and width % 2:
+            raise PolarizeError(f"`width` must be even with positions 'concat'; got {width}")
         keys = jax.random.split(key, layers + 3)
-        self.embed = eqx.nn.Embedding(vocab, width, dtype=F32, key=keys[0])
+        token_width = width // 2 if positions == "concat" else width  # = position width
+        self.embed = eqx.nn.Embedding(vocab, token_width, dtype=F32, key=keys[0])
         self.position = (
-            0.02 * jax.random.normal(keys[1], (max_len, width), F32) if positions == "learned" else None
+            jax.random.normal(keys[1], (max_len, token_width), F32)
+            if positions in ("add", "concat")
+            else None
         )
+        self.concat = positions == "concat"
         self.blocks = tuple(Block(width, heads, norm, positions == "rope", key=k) for k in keys[3:])
         self.ln = eqx.nn.LayerNorm(width, dtype=F32)
         self.unembed = eqx.nn.Linear(width, out_vocab, dtype=F32, key=keys[2])
@@ -139,7 +151,9 @@ class Transformer(eqx.Module):
     ) -> tuple[Float[Array, "seq out"], Float[Array, "layers heads seq seq"]]:
         n = tokens.shape[0]
         x = jax.vmap(self.embed)(tokens)
-        if self.position is not None:
+        if self.position is not None and self.concat:
+            x = jnp.concatenate([x, self.position[:n]], axis=-1)
+        elif self.position is not None:
             x = x + self.position[:n]
         mask = jnp.tril(jnp.ones((n, n), bool)) if self.causal else jnp.ones((n, n), bool)
         maps = []

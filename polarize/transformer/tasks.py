@@ -12,31 +12,34 @@ from ..errors import PolarizeError, check_positive
 
 
 def induction_vocab(vocab: int, shift_query: bool) -> int:
-    """Input vocabulary size: tokens `0..vocab-1`, BOS `= vocab`, shifted queries after it."""
-    return 2 * vocab + 1 if shift_query else vocab + 1
+    """Input (and output) vocabulary size: `vocab` ids (BOS = 0 among them), doubled
+    when the query token is shifted, as in the paper's code."""
+    return 2 * vocab if shift_query else vocab
 
 
 def induction(
-    key: PRNGKeyArray, n: int, *, vocab: int = 50, length: int = 10, shift_query: bool = False
+    key: PRNGKeyArray, n: int, *, vocab: int = 50, length: int = 10, shift_query: bool = True
 ) -> tuple[Int[Array, "n seq"], Int[Array, "n seq"]]:
-    """Sequences `[BOS, t_1..t_length distinct, t_k, t_k+1]`, k uniform in `1..length-1`.
+    """The paper's sequences `[BOS, t_1..t_length, q, answer]` with BOS = 0 and the `t_i`
+    distinct in `1..vocab-1`.
 
-    Returns next-token `(inputs, targets) = (seq[:-1], seq[1:])`; the answer `t_k+1` is
-    `targets[:, -1]`. With `shift_query` the repeated token is written as `t_k + vocab + 1`.
+    `k` is uniform in `1..length`, `q = t_k` (`+ vocab` with `shift_query`) and the answer
+    is the token after `t_k`, that is `t_k+1`, or `q` itself when `k = length` (so the
+    sequence is `[BOS] + t + [q]` read one step further, as the paper's data set does).
+    Returns next-token `(inputs, targets) = (seq[:-1], seq[1:])`; the answer is
+    `targets[:, -1]`.
     """
     check_positive("n", n, integer=True)
-    if length < 2 or length > vocab:
-        raise PolarizeError(f"`length` must be in 2..vocab={vocab}; got {length}")
+    if length < 2 or length > vocab - 1:
+        raise PolarizeError(f"`length` must be in 2..vocab-1={vocab - 1}; got {length}")
     k_tok, k_pos = jax.random.split(key)
-    tokens = jax.vmap(lambda k: jax.random.choice(k, vocab, (length,), replace=False))(
+    tokens = 1 + jax.vmap(lambda k: jax.random.choice(k, vocab - 1, (length,), replace=False))(
         jax.random.split(k_tok, n)
     ).astype(jnp.int32)
-    pos = jax.random.randint(k_pos, (n, 1), 0, length - 1)
-    query = jnp.take_along_axis(tokens, pos, axis=1)
-    answer = jnp.take_along_axis(tokens, pos + 1, axis=1)
-    if shift_query:
-        query = query + vocab + 1
-    bos = jnp.full((n, 1), vocab, jnp.int32)
+    pos = jax.random.randint(k_pos, (n, 1), 0, length)
+    query = jnp.take_along_axis(tokens, pos, axis=1) + (vocab if shift_query else 0)
+    answer = jnp.take_along_axis(jnp.concatenate([tokens, query], axis=1), pos + 1, axis=1)
+    bos = jnp.zeros((n, 1), jnp.int32)
     seq = jnp.concatenate([bos, tokens, query, answer], axis=1).astype(jnp.int32)
     return seq[:, :-1], seq[:, 1:]
 

@@ -1,9 +1,12 @@
-"""Training many seeds at once: `jax.vmap` over stacked models, `lax.scan` over batches.
+"""One trainer for every task: AdamW over stacked seeds (`jax.vmap`), `lax.scan` over steps.
 
-Each seed keeps its own parameters, optimizer state, data and shuffling, so seed `s`'s
-run is the same whether it trains alone or beside others.
+A task object (`Induction`, `Classification`) says what the data, the loss, the final
+evaluation and the probe recorded during training are; `fit` only trains. Each seed keeps
+its own parameters, optimizer state, data and shuffling, so seed `s`'s run is the same
+whether it trains alone or beside others.
 """
 
+import abc
 from collections.abc import Callable
 
 import equinox as eqx
@@ -12,28 +15,163 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .. import sinks
+from . import tasks
 from .model import Transformer
 
 
-def induction_loss(
-    model: Transformer, inputs: Int[Array, "b seq"], targets: Int[Array, "b seq"]
-) -> Float[Array, ""]:
-    """Cross-entropy at the last position + 0.2 x mean cross-entropy at the others."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(jax.vmap(model)(inputs), targets)
-    return jnp.mean(ce[:, -1] + 0.2 * jnp.mean(ce[:, :-1], axis=1))
+def _forward(model: Transformer, x: Int[Array, "n seq"]):
+    return jax.vmap(model.forward)(x)
 
 
-def classification_loss(
-    model: Transformer, inputs: Int[Array, "b seq"], labels: Int[Array, " b"]
-) -> Float[Array, ""]:
-    """Cross-entropy of the logits read at the last (CLS) position."""
-    logits = jax.vmap(model)(inputs)[:, -1]
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+class AbstractTask(eqx.Module):
+    """What is learned and how it is scored; `fit` and the experiments need nothing else."""
+
+    @property
+    @abc.abstractmethod
+    def vocab(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def out_vocab(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def causal(self) -> bool: ...
+
+    @abc.abstractmethod
+    def data(self, key: PRNGKeyArray, n: int) -> tuple[Array, Array]: ...
+
+    @abc.abstractmethod
+    def loss(self, model: Transformer, x: Array, y: Array) -> Float[Array, ""]: ...
+
+    @abc.abstractmethod
+    def probe(self, model: Transformer, x: Array, y: Array) -> dict[str, Array]:
+        """Cheap per-head values recorded every few steps during training."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: Transformer, key: PRNGKeyArray, n: int) -> dict[str, Array]:
+        """The final metrics of one trained model on `n` fresh test sequences."""
+
+
+class Induction(AbstractTask):
+    """Paper 4.1: predict the token that followed the repeated one.
+
+    Loss = cross-entropy at the last position + `aux_weight` x mean cross-entropy at the
+    others. The sink score of a head is `sinks.bos_score` (query rows 1..L-3), averaged
+    over the test sequences.
+    """
+
+    vocab_size: int = 50
+    length: int = 10
+    shift_query: bool = True
+    aux_weight: float = 0.2
+
+    @property
+    def vocab(self) -> int:
+        return tasks.induction_vocab(self.vocab_size, self.shift_query)
+
+    @property
+    def out_vocab(self) -> int:
+        return self.vocab
+
+    @property
+    def causal(self) -> bool:
+        return True
+
+    def data(self, key, n):
+        return tasks.induction(
+            key, n, vocab=self.vocab_size, length=self.length, shift_query=self.shift_query
+        )
+
+    def loss(self, model, x, y):
+        ce = optax.softmax_cross_entropy_with_integer_labels(jax.vmap(model)(x), y)
+        return jnp.mean(ce[:, -1]) + self.aux_weight * jnp.mean(ce[:, :-1])
+
+    def probe(self, model, x, y):
+        logits, maps = _forward(model, x)
+        return dict(
+            bos_score=jnp.mean(sinks.bos_score(maps), 0),
+            accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y[:, -1]),
+        )
+
+    def evaluate(self, model, key, n):
+        x, y = self.data(key, n)
+        logits, full = _forward(model, x)
+        maps = full[..., 1:, :]  # query 0 sees only BOS under causal masking: not informative
+        return dict(
+            accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y[:, -1]),
+            sink_score=jnp.mean(sinks.bos_score(full), 0),
+            bos_share=jnp.mean(sinks.bos_share(maps), 0),
+            alpha0=jnp.mean(sinks.importance(full)[..., 0], 0),
+            sparsity=jnp.mean(sinks.sparsity(maps), 0),
+            entropy=jnp.mean(sinks.mean_entropy(maps), 0),
+            example=full[0],
+        )
+
+
+class Classification(AbstractTask):
+    """Paper 4.2: the group of 10 tokens, read at CLS; plus the single-token attack on
+    `pairs` (A, B) pairs of different classes."""
+
+    groups: int = 4
+    per_group: int = 10
+    length: int = 10
+    pairs: int = 500
+
+    @property
+    def vocab(self) -> int:
+        return self.groups * self.per_group + 1
+
+    @property
+    def out_vocab(self) -> int:
+        return self.groups
+
+    @property
+    def causal(self) -> bool:
+        return False
+
+    def data(self, key, n, labels=None):
+        return tasks.classification(
+            key, n, groups=self.groups, per_group=self.per_group, length=self.length, labels=labels
+        )
+
+    def loss(self, model, x, y):
+        logits = jax.vmap(model)(x)[:, -1]
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+    def probe(self, model, x, y):
+        logits, maps = _forward(model, x)
+        return dict(
+            sparsity=jnp.mean(sinks.sparsity(maps[..., -1:, :]), 0),
+            accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y),
+        )
+
+    def evaluate(self, model, key, n):
+        kt, ka, kb, kshift, kpos = jax.random.split(key, 5)
+        x, y = self.data(kt, n)
+        logits, maps = _forward(model, x)
+        cls_rows = maps[..., -1:, :]  # [n, layers, heads, 1, keys]
+        xa, la = self.data(ka, self.pairs)
+        lb = (la + jax.random.randint(kshift, (self.pairs,), 1, self.groups)) % self.groups
+        xb, _ = self.data(kb, self.pairs, labels=lb)
+        attention_a = jnp.mean(_forward(model, xa)[1][:, -1, :, -1, :], axis=1)  # last layer, heads
+        attacked = tasks.single_token_attack(kpos, xa, xb, attention_a)
+        pred = jnp.argmax(jax.vmap(model)(attacked)[:, -1], -1)
+        pred_b = jnp.argmax(jax.vmap(model)(xb)[:, -1], -1)
+        return dict(
+            accuracy=jnp.mean(jnp.argmax(logits[:, -1], -1) == y),
+            flip_rate=jnp.mean(pred == la),
+            clean_b_accuracy=jnp.mean(pred_b == lb),
+            sparsity=jnp.mean(sinks.sparsity(cls_rows), 0),
+            entropy=jnp.mean(sinks.mean_entropy(cls_rows), 0),
+            example=maps[0],
+        )
 
 
 def fit(
     models: Transformer,
-    loss: Callable,
+    task: AbstractTask,
     data: tuple[Array, Array],
     keys: PRNGKeyArray,
     *,
@@ -41,41 +179,66 @@ def fit(
     epochs: int,
     batch: int,
     weight_decay: float = 0.01,
+    record_every: int = 0,
+    probe_data: tuple[Array, Array] | None = None,
     callback: Callable[[int, Array], None] | None = None,
-) -> tuple[Transformer, Float[Array, "seeds epochs"]]:
+) -> tuple[Transformer, dict[str, Array]]:
     """Train stacked `models` (leading axis = seeds) with AdamW on per-seed `data`.
 
     `data` arrays have shape `[seeds, n, ...]`; `keys[seeds]` drive the shuffling. Each
-    epoch visits `n // batch` shuffled batches. Returns the models and the mean loss
-    per epoch.
+    epoch visits `n // batch` shuffled batches (a last partial batch is dropped). Every
+    `record_every` steps (and at step 0 and the end) `task.probe` runs on the per-seed
+    `probe_data`. Returns the models and a history: `step [records]`, `loss
+    [seeds, records]` (mean training loss since the previous record; NaN at step 0) and
+    each probe value `[seeds, records, ...]`.
     """
     params, static = eqx.partition(models, eqx.is_array)
     opt = optax.adamw(lr, weight_decay=weight_decay)
     state = jax.vmap(opt.init)(params)
     n = data[0].shape[1]
-    steps = n // batch
+    per_epoch = n // batch
+    total = epochs * per_epoch
+    every = record_every if record_every > 0 else per_epoch
 
-    def one_seed(params, state, x, y, key):
-        order = jax.random.permutation(key, n)[: steps * batch].reshape(steps, batch)
+    def order(key):
+        def one(e):
+            return jax.random.permutation(jax.random.fold_in(key, e), n)[: per_epoch * batch]
 
-        def step(carry, idx):
+        return jax.vmap(one)(jnp.arange(epochs)).reshape(total, batch)
+
+    def block(params, state, x, y, idx):
+        def step(carry, i):
             p, s = carry
-            value, grad = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), x[idx], y[idx]))(p)
+            loss = lambda p: task.loss(eqx.combine(p, static), x[i], y[i])
+            value, grad = eqx.filter_value_and_grad(loss)(p)
             updates, s = opt.update(grad, s, p)
             return (optax.apply_updates(p, updates), s), value
 
-        (params, state), values = jax.lax.scan(step, (params, state), order)
+        (params, state), values = jax.lax.scan(step, (params, state), idx)
         return params, state, jnp.mean(values)
 
-    epoch = jax.jit(jax.vmap(one_seed))
-    history = []
-    for e in range(epochs):
-        epoch_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, e)
-        params, state, value = epoch(params, state, *data, epoch_keys)
-        history.append(value)
+    advance = jax.jit(jax.vmap(block))
+    probe = jax.jit(jax.vmap(lambda p, px, py: task.probe(eqx.combine(p, static), px, py)))
+    indices = jax.jit(jax.vmap(order))(keys)
+    seeds = keys.shape[0]
+    history: dict[str, list] = {"step": [], "loss": []}
+
+    def record(step, loss):
+        history["step"].append(jnp.asarray(step))
+        history["loss"].append(loss)
+        if probe_data is not None:
+            for name, value in probe(params, *probe_data).items():
+                history.setdefault(name, []).append(value)
+
+    record(0, jnp.full((seeds,), jnp.nan, jnp.float32))
+    for start in range(0, total, every):
+        stop = min(start + every, total)
+        params, state, loss = advance(params, state, *data, indices[:, start:stop])
+        record(stop, loss)
         if callback is not None:
-            callback(e, value)
-    return eqx.combine(params, static), jnp.stack(history, axis=1)
+            callback(stop, loss)
+    out = {k: jnp.stack(v, axis=1) for k, v in history.items() if k != "step"}
+    return eqx.combine(params, static), dict(out, step=jnp.stack(history["step"]))
 
 
 def stack_models(make: Callable[[PRNGKeyArray], Transformer], keys: PRNGKeyArray) -> Transformer:
