@@ -46,7 +46,14 @@ from .objectives import (
     random_direction as random_direction,
     random_labels as random_labels,
 )
+from .config import SweepConfig as SweepConfig
+from .hitting import (
+    descent_hitting_times as descent_hitting_times,
+    hitting_times as hitting_times,
+    logistic_rate as logistic_rate,
+)
+from .results import Run as Run, load as load
 from .statistics import Summary as Summary, summarize as summarize
 from .study import load_study as load_study, run_study as run_study
-from .sweep import SweepConfig as SweepConfig, load as load, run_sweep as run_sweep
+from .sweep import run_sweep as run_sweep
 from .trajectory import Trajectory as Trajectory

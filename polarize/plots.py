@@ -19,7 +19,7 @@ def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
     """Median and 10-90% band of max weight and entropy against time (log axis)."""
-    ts = np.asarray(arrays.get("snap_ts", arrays["ts"]))
+    ts = np.asarray(arrays["snap_ts"])
     keep = ts > 0  # a log axis cannot show t = 0
     ok = arrays["ok"]
     unit = _time_label(config)
@@ -91,7 +91,7 @@ def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.nda
     ok = np.asarray(arrays["ok"], bool)
     mw = np.asarray(arrays["series_max_weight"])[ok]
     frac = (mw >= threshold).mean(axis=0) if mw.shape[0] else np.full(mw.shape[1], np.nan)
-    return np.asarray(arrays.get("snap_ts", arrays["ts"])), frac
+    return np.asarray(arrays["snap_ts"]), frac
 
 
 def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:

@@ -5,7 +5,7 @@ from pathlib import Path
 from .errors import PolarizeError
 from .plots import sweep_figures
 from .storage import read_json
-from .sweep import load
+from .results import load
 
 
 def report(folder) -> list[Path]:
@@ -21,5 +21,5 @@ def report(folder) -> list[Path]:
         return paths + [plot_study(study, folder)]
     if (folder / "config.json").exists():
         run = load(folder)
-        return sweep_figures(run["arrays"], run["config"], folder)
+        return sweep_figures(run.arrays, run.config, folder)
     raise PolarizeError(f"`dir` {folder} is neither a sweep folder (config.json) nor a study (study.json)")

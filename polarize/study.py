@@ -23,7 +23,9 @@ from pathlib import Path
 
 from .errors import PolarizeError
 from .storage import read_json, write_json
-from .sweep import SweepConfig, load, run_sweep, stored_config
+from .config import SweepConfig
+from .results import load
+from .sweep import run_sweep, stored_config
 
 
 @dataclasses.dataclass(frozen=True)
