@@ -1,6 +1,7 @@
 """polarize: a JAX laboratory for the training dynamics of softmax attention."""
 
 from . import dynamics as dynamics, sinks as sinks, transformer as transformer
+from .config import SweepConfig as SweepConfig
 from .descent import descend as descend
 from .errors import PolarizeError as PolarizeError
 from .flow import flow as flow, save_times as save_times
@@ -10,6 +11,11 @@ from .grads import (
     final_entropy as final_entropy,
     final_loss as final_loss,
     final_max_weight as final_max_weight,
+)
+from .hitting import (
+    descent_hitting_times as descent_hitting_times,
+    hitting_times as hitting_times,
+    logistic_rate as logistic_rate,
 )
 from .models import (
     AbstractModel as AbstractModel,
@@ -45,12 +51,6 @@ from .objectives import (
     peaked_distribution as peaked_distribution,
     random_direction as random_direction,
     random_labels as random_labels,
-)
-from .config import SweepConfig as SweepConfig
-from .hitting import (
-    descent_hitting_times as descent_hitting_times,
-    hitting_times as hitting_times,
-    logistic_rate as logistic_rate,
 )
 from .results import Run as Run, load as load
 from .statistics import Summary as Summary, summarize as summarize

@@ -156,10 +156,22 @@ def _add_study(sub) -> None:
 def _study(args) -> int:
     from .study import load_study, run_study
 
+    _start_distributed(args)
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
-    table = run_study(study, out, progress=not args.no_progress)
-    print(f"{len(table)} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
+    result = run_study(study, out, progress=not args.no_progress)
+    import jax
+
+    if jax.process_index() != 0:
+        return 0
+    print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
+    failed = result["failed_cells"]
+    if failed:
+        print(
+            f"{len(failed)} of {result['cells']} cells failed: "
+            + "; ".join(f"{k}: {v}" for k, v in failed.items())
+        )
+        return 1
     return 0
 
 

@@ -70,12 +70,19 @@ def _gaps(model, objective, state, kinds, levels):
     return jnp.where(kinds == 0, max_weight - levels, levels - loss)
 
 
-def _targets(levels, loss_fraction, loss0):
+def _targets(levels, loss_fraction):
+    """(kinds, raw levels) arrays: kind 0 is a max-weight level, kind 1 a loss fraction.
+
+    Arrays, not static settings, so new levels reuse the compiled program.
+    """
     kinds = [0] * len(levels) + ([1] if loss_fraction is not None else [])
     values = list(levels) + ([loss_fraction] if loss_fraction is not None else [])
-    kinds = jnp.asarray(kinds)
-    values = jnp.asarray(values, dtype=loss0.dtype)
-    return kinds, jnp.where(kinds == 0, values, values * loss0)
+    return jnp.asarray(kinds), jnp.asarray(values, dtype=float)
+
+
+def _levels(kinds, values, loss0):
+    """The levels of one initialization: loss fractions become losses."""
+    return jnp.where(kinds == 0, values, values * loss0).astype(loss0.dtype)
 
 
 def hitting_times(
@@ -112,7 +119,8 @@ def hitting_times(
     per_init = (traj.V, traj.a, traj.weights, traj.loss, traj.ok)
     if not traj.batched:
         per_init = jax.tree.map(lambda x: x[None], per_init)
-    out = _hitting(model, objective, traj.ts, per_init, levels, loss_fraction, solver, rtol, atol, max_steps)
+    targets = _targets(levels, loss_fraction)
+    out = _hitting(model, objective, traj.ts, per_init, targets, solver, rtol, atol, max_steps)
     out = out if traj.batched else out[0]
     return {name: out[..., j] for j, name in enumerate(names)}
 
@@ -124,7 +132,7 @@ def _split(module):
 
 
 @eqx.filter_jit
-def _hitting(model, objective, ts, per_init, levels, loss_fraction, solver, rtol, atol, max_steps):
+def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_steps):
     (model_dyn, model_static), (obj_dyn, obj_static) = _split(model), _split(objective)
     n = per_init[0].shape[0]
     model_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), model_dyn)
@@ -142,8 +150,7 @@ def _hitting(model, objective, ts, per_init, levels, loss_fraction, solver, rtol
             weights,
             loss,
             ok,
-            levels,
-            loss_fraction,
+            targets,
             solver,
             rtol,
             atol,
@@ -153,11 +160,9 @@ def _hitting(model, objective, ts, per_init, levels, loss_fraction, solver, rtol
     return blockwise(one, (model_dyn, obj_dyn, per_init))
 
 
-def _first_crossings(
-    model, objective, ts, V, a, weights, loss, ok, levels, loss_fraction, solver, rtol, atol, max_steps
-):
+def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, solver, rtol, atol, max_steps):
     """Hitting times of one initialization (one entry per target)."""
-    kinds, values = _targets(levels, loss_fraction, loss[0])
+    kinds, values = targets[0], _levels(*targets, loss[0])
     max_weight = jnp.max(distribution(weights), axis=-1)
     gaps = jnp.where(kinds[:, None] == 0, max_weight[None] - values[:, None], values[:, None] - loss[None])
     hit = gaps >= 0  # (targets, times)
@@ -228,18 +233,18 @@ def descent_hitting_times(
         raise PolarizeError(f"`lr` must be a positive finite number; got {lr!r}")
     steps = int(steps)
     names = time_names(levels, loss_fraction)
-    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, levels, loss_fraction)
+    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, _targets(levels, loss_fraction))
     times = jnp.where(first >= 0, first * lr, jnp.inf)
     times = jnp.where(ok[..., None], times, jnp.nan)
     return {name: times[..., j] for j, name in enumerate(names)}
 
 
 @eqx.filter_jit
-def _descent_first(model, objective, optimizer, steps, levels, loss_fraction):
+def _descent_first(model, objective, optimizer, steps, targets):
     def run_one(model, objective):
         theta = tuple(getattr(model, n) for n in model.trainable)
         loss0 = objective(model())
-        kinds, values = _targets(levels, loss_fraction, loss0)
+        kinds, values = targets[0], _levels(*targets, loss0)
 
         def check(first, theta, k):
             hit = _gaps(model, objective, theta, kinds, values) >= 0
@@ -289,7 +294,8 @@ def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array
     if t1 < 100 or window.sum() < 2:
         nan = jnp.full(mw.shape[:-1], jnp.nan, dtype=mw.dtype)
         return {"rate_C": nan, "rate_drift": nan}
-    product = (1.0 - mw[..., np.flatnonzero(window)]) * np.log(ts[window]) ** 2
+    gap = 1.0 - mw[..., np.flatnonzero(window)]
+    product = gap * jnp.broadcast_to(np.log(ts[window]) ** 2, gap.shape)
     valid = jnp.all(jnp.isfinite(product) & (product > 0), axis=-1)
     safe = jnp.where(valid[..., None], product, 1.0)
     C = jnp.exp(jnp.mean(jnp.log(safe), axis=-1))

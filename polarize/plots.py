@@ -112,11 +112,28 @@ def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
 
 
 def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
-    """Every figure of a sweep folder, from its stored arrays."""
+    """Every figure of a sweep folder, from its stored arrays.
+
+    Only finished initializations are drawn; with none, each figure says so instead.
+    """
     out = Path(out)
-    return [
-        plot_bands(arrays, config, out / "weights.png"),
-        plot_entropy_histogram(arrays, config, out / "entropy_hist.png"),
-        plot_winner_histogram(arrays, config, out / "winners.png"),
-        plot_one_hot_fraction(arrays, config, out / "one_hot_fraction.png"),
+    figures = [
+        (plot_bands, "weights.png"),
+        (plot_entropy_histogram, "entropy_hist.png"),
+        (plot_winner_histogram, "winners.png"),
+        (plot_one_hot_fraction, "one_hot_fraction.png"),
     ]
+    if not np.any(arrays["ok"]):
+        note = f"no initialization finished ({len(arrays['ok'])} failed): nothing to draw"
+        return [empty_figure(out / name, note) for _, name in figures]
+    return [draw(arrays, config, out / name) for draw, name in figures]
+
+
+def empty_figure(path: Path, note: str) -> Path:
+    """A figure holding only `note` (where there is no data to draw)."""
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
