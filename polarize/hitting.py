@@ -5,7 +5,7 @@ between saved times. The saved trajectory only brackets the first crossing: the 
 saved interval [t_{k-1}, t_k] whose end reached the level. The ODE is autonomous, so
 the solve restarts from the saved state at t_{k-1} over that one interval (on the
 clock tau = log(1 + t), like `flow`), with a diffrax `Event` whose root is located by
-Newton's method on the solver's dense solution.
+bisection on the solver's dense solution.
 
 Caveat of the bracketing: a crossing that uncrosses again between two saved times
 (max weight above the level and back below it inside one interval) is missed, and
@@ -160,6 +160,25 @@ def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_st
     return blockwise(one, (model_dyn, obj_dyn, per_init))
 
 
+#: Root finder on the solver's dense solution. An upcrossing (the gap goes from < 0 to
+#: >= 0) needs no sign detection (`flip=False`), which would fail under `vmap` for
+#: lanes without an event; bisection also works inside `shard_map`, where Newton's
+#: closure-converted Jacobian does not (JAX 0.10, optimistix 0.1).
+_BISECTION = optx.Bisection(rtol=1e-13, atol=1e-13, flip=False)
+
+
+def _field(tau, y, args):
+    """d theta / d tau = -(1 + t) grad L(theta), with t = exp(tau) - 1."""
+    model, objective, _, _ = args
+    grad = jax.grad(lambda y: objective(_with_state(model, y)()))(y)
+    return jax.tree.map(lambda g: -jnp.exp(tau) * g, grad)
+
+
+def _gap_of_one(t, y, args, **kwargs):
+    model, objective, kind, value = args
+    return _gaps(model, objective, y, kind, value)
+
+
 def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, solver, rtol, atol, max_steps):
     """Hitting times of one initialization (one entry per target)."""
     kinds, values = targets[0], _levels(*targets, loss[0])
@@ -177,24 +196,17 @@ def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, sol
     def locate(kind, value, start, stop):
         y0 = (V[start], a[start])
         tau0, tau1 = jnp.log1p(ts[start]), jnp.log1p(ts[stop])
-
-        def field(tau, y, args):
-            grad = jax.grad(lambda y: objective(_with_state(model, y)()))(y)
-            return jax.tree.map(lambda g: -jnp.exp(tau) * g, grad)
-
-        def cond(t, y, args, **kwargs):
-            return _gaps(model, objective, y, kind, value)
-
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(field),
+            diffrax.ODETerm(_field),
             solver,
             t0=tau0,
             t1=tau1,
             dt0=None,
             y0=y0,
+            args=(model, objective, kind, value),
             saveat=diffrax.SaveAt(t1=True),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            event=diffrax.Event(cond, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True),
+            event=diffrax.Event(_gap_of_one, root_finder=_BISECTION, direction=True),
             max_steps=max_steps,
             throw=False,
         )

@@ -127,16 +127,17 @@ def _final_by_block(V, a, weights, loss, ok, b, flags, keep):
         V, a, weights, loss, ok, b = arrays
         # failed states are replaced by a finite stand-in, and their numbers by NaN
         V, a, weights, loss = (jnp.where(ok, x, jnp.zeros_like(x)) for x in (V, a, weights, loss))
-        last = weight_series(weights[-1])
-        out = {f"final_{k}": v for k, v in last.items()}
+        # over all saved times, then the last: the same program as `summarize`, so the
+        # same numbers to the last bit
+        every = weight_series(weights)
+        out = {f"final_{k}": v[-1] for k, v in every.items()}
         out["final_top_share"] = top_singular_share(V[-1])
         out["final_loss"] = loss[-1]
         if flags:
             out.update({f"final_{k}": v for k, v in _order_flags(V, a, weights, b).items()})
         if keep is not None:
-            snaps = weight_series(weights[keep])
-            out["snap_max_weight"] = snaps["max_weight"].astype(jnp.float32)
-            out["snap_entropy"] = snaps["entropy"].astype(jnp.float32)
+            out["snap_max_weight"] = every["max_weight"][keep].astype(jnp.float32)
+            out["snap_entropy"] = every["entropy"][keep].astype(jnp.float32)
         return {k: _failed(v, ok) for k, v in out.items()}
 
     return blockwise(one, (V, a, weights, loss, ok, b))
