@@ -53,10 +53,25 @@ def solve(config: SweepConfig, model, objective) -> Trajectory:
     return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save)
 
 
-def measure(config: SweepConfig, model, objective) -> dict:
-    """Everything a sweep keeps per initialization, for a batch of them (see the module doc)."""
-    traj = solve(config, model, objective)
-    out = final_statistics(traj, objective, keep=config.snapshot_index())
+def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
+    """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
+
+    The solves and statistics are split over `devices`; the hitting times then run on
+    one device, as the root finding rounds differently inside `shard_map`, and a
+    result must not depend on the device count.
+    """
+
+    # per-initialization fields only (descent's `steps` are the shared saved step indices)
+    fields = ("V", "a", "weights", "loss", "ok", "status") + (("steps",) if config.method == "flow" else ())
+
+    def solved(model, objective):
+        traj = solve(config, model, objective)
+        stats = final_statistics(traj, objective, keep=config.snapshot_index())
+        return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats}
+
+    out = over_devices(solved, model, objective, devices)
+    traj = Trajectory(ts=jnp.asarray(config.times()), **out["traj"])
+    out = dict(out["stats"])
     if config.method == "flow":
         out.update(
             hitting_times(
@@ -93,16 +108,15 @@ def measure(config: SweepConfig, model, objective) -> dict:
 def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
-    Solved in pieces of at most `PIECE` initializations (the last padded with copies,
-    so every piece runs one compiled program); the numbers do not depend on it.
+    Solved in pieces of at most `PIECE` initializations (the last padded with the
+    next ones, so every piece runs one compiled program); the numbers do not depend on it.
     """
     objective = config.build_objective()
     size = min(PIECE, -(-(stop - start) // BLOCK_SIZE) * BLOCK_SIZE)
     parts = []
     for lo in range(start, stop, size):
         hi = min(lo + size, stop)
-        model = config.build_model(lo, lo + size)  # padded with the next inits: valid numbers
-        out = over_devices(lambda m, o: measure(config, m, o), model, objective, devices)
+        out = measure(config, config.build_model(lo, lo + size), objective, devices=devices)
         parts.append({k: np.asarray(v)[: hi - lo] for k, v in out.items()})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
