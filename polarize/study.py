@@ -320,20 +320,26 @@ def _against_x(study: Study, runs, plt):
     axes = np.atleast_1d(axes)
     lines = _groups(study, runs, others)
     for ax, y in zip(axes, study.y, strict=True):
+        drawn = []
         for key, group in lines.items():
             points = _groups(study, [(None, r) for r in group], [study.x])
             xs = sorted(points)
             stats = np.array([_point(points[x], y) for x in xs], dtype=float)
+            stats[np.isinf(stats)] = np.nan  # never reached: nothing to draw
             label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or "median"
             xs = [x[0] for x in xs]
+            drawn.append(stats[np.isfinite(stats[:, 0]), 0])
             (line,) = ax.plot(xs, stats[:, 0], marker="o", label=label)
             if np.isfinite(stats[:, 1:]).any():
                 ax.fill_between(xs, stats[:, 1], stats[:, 2], color=line.get_color(), alpha=0.2)
         ax.set_xlabel(study.x)
         band = "" if _per_init_key(y) is None else " (median, 10-90% band)"
         ax.set_ylabel(_label(y) + band)
-        if _logarithmic(y):
+        drawn = np.concatenate(drawn)
+        if _logarithmic(y) and drawn.size and (drawn > 0).all():
             ax.set_yscale("log")
+        if not drawn.size:
+            ax.text(0.5, 0.5, "median not reached in any cell", transform=ax.transAxes, ha="center")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return fig
