@@ -362,7 +362,8 @@ def _heatmaps(study: Study, runs, varied, plt):
             np.ma.masked_invalid(grid), origin="lower", aspect="auto", norm=norm, cmap="viridis"
         )
         for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, "n/a" if not np.isfinite(v) else f"{v:.3g}", ha="center", va="center", fontsize=7)
+            text = "n/a" if np.isnan(v) else "not reached" if np.isinf(v) else f"{v:.3g}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(xs)), [str(v) for v in xs])
         ax.set_yticks(range(len(ys)), [str(v) for v in ys])
         ax.set_xlabel(kx)
