@@ -11,10 +11,11 @@ import numpy as np  # noqa: E402
 
 def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
     """Percentiles over the non-failed initializations at each time: (len(q), times)."""
-    x = np.asarray(x)[np.asarray(ok, bool)]
-    if x.shape[0] == 0:
-        return np.full((len(q), np.asarray(x).shape[-1]), np.nan)
-    return np.percentile(x, q, axis=0)
+    x, ok = np.asarray(x), np.asarray(ok, bool)
+    if not ok.any():
+        return np.full((len(q), x.shape[-1]), np.nan)
+    # one time at a time: a copy of one column, not of the whole (inits, times) array
+    return np.stack([np.percentile(x[:, j][ok], q) for j in range(x.shape[-1])], axis=-1)
 
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
@@ -89,8 +90,9 @@ def plot_winner_histogram(arrays: dict, config, path: Path) -> Path:
 def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """(times, fraction of non-failed initializations with max weight >= threshold)."""
     ok = np.asarray(arrays["ok"], bool)
-    mw = np.asarray(arrays["series_max_weight"])[ok]
-    frac = (mw >= threshold).mean(axis=0) if mw.shape[0] else np.full(mw.shape[1], np.nan)
+    mw = np.asarray(arrays["series_max_weight"])
+    above = ((mw >= threshold) & ok[:, None]).sum(axis=0)  # no copy of the float array
+    frac = above / ok.sum() if ok.any() else np.full(mw.shape[1], np.nan)
     return np.asarray(arrays["snap_ts"]), frac
 
 
