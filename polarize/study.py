@@ -320,11 +320,14 @@ def _against_x(study: Study, runs, plt):
     axes = np.atleast_1d(axes)
     lines = _groups(study, runs, others)
     for ax, y in zip(axes, study.y, strict=True):
-        drawn = []
+        drawn, notes = [], []
         for key, group in lines.items():
             points = _groups(study, [(None, r) for r in group], [study.x])
             xs = sorted(points)
             stats = np.array([_point(points[x], y) for x in xs], dtype=float)
+            never = [x[0] for x, v in zip(xs, stats[:, 0], strict=True) if np.isinf(v)]
+            if never:
+                notes.append(f"median not reached by t1 at {study.x} = {', '.join(map(str, never))}")
             stats[np.isinf(stats)] = np.nan  # never reached: nothing to draw
             label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or "median"
             xs = [x[0] for x in xs]
@@ -340,6 +343,8 @@ def _against_x(study: Study, runs, plt):
             ax.set_yscale("log")
         if not drawn.size:
             ax.text(0.5, 0.5, "median not reached in any cell", transform=ax.transAxes, ha="center")
+        elif notes:
+            ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="bottom")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return fig
