@@ -1,6 +1,7 @@
 """polarize: a JAX laboratory for the training dynamics of softmax attention."""
 
 from . import fields as fields, sinks as sinks, status as status, transformer as transformer
+from .config import SweepConfig as SweepConfig
 from .descent import descend as descend
 from .errors import PolarizeError as PolarizeError
 from .flow import flow as flow, modified_flow as modified_flow
@@ -10,6 +11,11 @@ from .grads import (
     final_entropy as final_entropy,
     final_loss as final_loss,
     final_max_weight as final_max_weight,
+)
+from .hitting import (
+    descent_hitting_times as descent_hitting_times,
+    hitting_times as hitting_times,
+    logistic_rate as logistic_rate,
 )
 from .models import (
     AbstractModel as AbstractModel,
@@ -45,8 +51,9 @@ from .objectives import (
     random_direction as random_direction,
     random_labels as random_labels,
 )
+from .results import Run as Run, load as load
 from .statistics import Summary as Summary, summarize as summarize
 from .study import load_study as load_study, run_study as run_study
-from .sweep import SweepConfig as SweepConfig, load as load, run_sweep as run_sweep
+from .sweep import run_sweep as run_sweep
 from .times import save_times as save_times
 from .trajectory import Trajectory as Trajectory

@@ -12,8 +12,8 @@ from .errors import PolarizeError
 
 
 def _add_sweep(sub) -> None:
+    from .config import METHODS, OBJECTIVES, SOLVERS, SweepConfig
     from .normalizations import NORMALIZATIONS
-    from .sweep import METHODS, OBJECTIVES, SOLVERS, SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(
@@ -28,6 +28,8 @@ def _add_sweep(sub) -> None:
     def add(flag, kind=None, help="", **kw):
         name = flag.lstrip("-").replace("-", "_")
         default = getattr(d, name)
+        if isinstance(default, tuple):
+            default = " ".join(f"{x:g}" for x in default)
         # default None: lets --resume tell settings given on the command line from defaults
         p.add_argument(flag, type=kind, default=None, help=f"{help} (default {default})".strip(), **kw)
 
@@ -45,6 +47,7 @@ def _add_sweep(sub) -> None:
     add("--rtol", float, "flow relative tolerance")
     add("--atol", float, "flow absolute tolerance")
     add("--solver", str, f"one of {', '.join(SOLVERS)}")
+    add("--max-steps", int, "flow: solver steps per initialization before it counts as failed")
     add("--lr", float, "GD learning rate")
     add("--steps", int, "GD steps")
     add("--v-scale", float, "V(0) ~ v_scale N(0,1)")
@@ -54,20 +57,35 @@ def _add_sweep(sub) -> None:
     add("--n-save", int, "saved times per trajectory (log-spaced)")
     add("--snapshots", int, "saved times kept per initialization for figures")
     add("--threshold", float, "one-hot threshold on max weight")
+    add("--levels", float, "max-weight levels in (0, 1] whose hitting times are measured", nargs="+")
+    add("--loss-fraction", float, "hitting time of the loss falling to this fraction of L(0)")
     add("--chunk-size", int, "initializations per chunk written to disk")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/sweep-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR", help="continue the run in DIR")
     p.add_argument("--sample", type=int, default=0, help="keep full trajectories of the first N inits")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_distributed(p)
     p.set_defaults(func=_sweep)
+
+
+def _add_distributed(p) -> None:
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one of several processes sharing the run: calls jax.distributed.initialize() "
+        "(under SLURM or Open MPI, or with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)",
+    )
 
 
 def _sweep(args) -> int:
     import dataclasses
 
-    from .sweep import SweepConfig, result_line, run_sweep, stored_config
+    from .config import SweepConfig
+    from .results import failed_too_many, failure_line, result_line
+    from .sweep import run_sweep, stored_config
 
+    _start_distributed(args)
     names = {f.name for f in dataclasses.fields(SweepConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     if args.resume is not None:
@@ -86,10 +104,21 @@ def _sweep(args) -> int:
         progress=not args.no_progress,
         sample=args.sample,
     )
-    if summary:
-        print(result_line(config, summary))
-        print(f"results: {out}")
-    return 0
+    if not summary:  # a process other than 0: process 0 reports
+        return 0
+    print(result_line(config, summary))
+    failures = failure_line(summary)
+    if failures:
+        print(failures)
+    print(f"results: {out}")
+    return 1 if failed_too_many(summary) else 0
+
+
+def _start_distributed(args) -> None:
+    if getattr(args, "distributed", False):
+        from .devices import start_distributed
+
+        start_distributed()
 
 
 def _add_report(sub) -> None:
@@ -120,16 +149,29 @@ def _add_study(sub) -> None:
     p.add_argument("file", type=Path, help="study file (TOML), see examples/*.toml")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/<study name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_distributed(p)
     p.set_defaults(func=_study)
 
 
 def _study(args) -> int:
     from .study import load_study, run_study
 
+    _start_distributed(args)
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
-    table = run_study(study, out, progress=not args.no_progress)
-    print(f"{len(table)} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
+    result = run_study(study, out, progress=not args.no_progress)
+    import jax
+
+    if jax.process_index() != 0:
+        return 0
+    print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
+    failed = result["failed_cells"]
+    if failed:
+        print(
+            f"{len(failed)} of {result['cells']} cells failed: "
+            + "; ".join(f"{k}: {v}" for k, v in failed.items())
+        )
+        return 1
     return 0
 
 

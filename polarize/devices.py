@@ -61,6 +61,38 @@ def over_devices(fn, model, objective, devices=None):
     return jax.tree.map(lambda x: np.asarray(x)[:n], out)
 
 
+#: Environment variables by which JAX (or polarize) finds the other processes.
+COORDINATOR_ENV = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE")
+
+
+def start_distributed() -> None:
+    """`jax.distributed.initialize()`, from SLURM, Open MPI or plain environment variables.
+
+    JAX detects SLURM and Open MPI itself. Without them, `JAX_COORDINATOR_ADDRESS`
+    (host:port of process 0), `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` name the
+    processes (JAX reads only the first; the other two are passed on here).
+    """
+    from .errors import PolarizeError
+
+    if not any(os.environ.get(k) for k in COORDINATOR_ENV):
+        raise PolarizeError(
+            "`--distributed` needs a coordinator: set JAX_COORDINATOR_ADDRESS (host:port), "
+            "JAX_NUM_PROCESSES and JAX_PROCESS_ID, or launch under SLURM (srun) or Open MPI (mpirun)"
+        )
+    options = {}
+    for name, key in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
+        value = os.environ.get(key)
+        if value is not None:
+            try:
+                options[name] = int(value)
+            except ValueError:
+                raise PolarizeError(f"`{key}` must be an integer; got {value!r}") from None
+    try:
+        jax.distributed.initialize(os.environ.get("JAX_COORDINATOR_ADDRESS"), **options)
+    except (ValueError, RuntimeError) as e:
+        raise PolarizeError(f"`--distributed`: jax.distributed.initialize() failed: {e}") from None
+
+
 def my_chunks(n_chunks: int) -> list[int]:
     """The chunk indices this process computes: i with i mod process_count == process_index."""
     return [i for i in range(n_chunks) if i % jax.process_count() == jax.process_index()]

@@ -24,7 +24,7 @@ from .errors import check_choice, check_positive, refuse_if, shown
 from .fields import AbstractField, Modified, Path, prepare
 from .models import AbstractModel, params, with_params
 from .objectives import AbstractObjective
-from .times import check_times, save_times as save_times  # save_times also served from here (sweep)
+from .times import check_times
 from .trajectory import Trajectory, all_finite, observe
 
 Clock = Literal["log", "linear"]

@@ -11,15 +11,16 @@ import numpy as np  # noqa: E402
 
 def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
     """Percentiles over the non-failed initializations at each time: (len(q), times)."""
-    x = np.asarray(x)[np.asarray(ok, bool)]
-    if x.shape[0] == 0:
-        return np.full((len(q), np.asarray(x).shape[-1]), np.nan)
-    return np.percentile(x, q, axis=0)
+    x, ok = np.asarray(x), np.asarray(ok, bool)
+    if not ok.any():
+        return np.full((len(q), x.shape[-1]), np.nan)
+    # one time at a time: a copy of one column, not of the whole (inits, times) array
+    return np.stack([np.percentile(x[:, j][ok], q) for j in range(x.shape[-1])], axis=-1)
 
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
     """Median and 10-90% band of max weight and entropy against time (log axis)."""
-    ts = np.asarray(arrays.get("snap_ts", arrays["ts"]))
+    ts = np.asarray(arrays["snap_ts"])
     keep = ts > 0  # a log axis cannot show t = 0
     ok = arrays["ok"]
     unit = _time_label(config)
@@ -89,9 +90,10 @@ def plot_winner_histogram(arrays: dict, config, path: Path) -> Path:
 def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """(times, fraction of non-failed initializations with max weight >= threshold)."""
     ok = np.asarray(arrays["ok"], bool)
-    mw = np.asarray(arrays["series_max_weight"])[ok]
-    frac = (mw >= threshold).mean(axis=0) if mw.shape[0] else np.full(mw.shape[1], np.nan)
-    return np.asarray(arrays.get("snap_ts", arrays["ts"])), frac
+    mw = np.asarray(arrays["series_max_weight"])
+    above = ((mw >= threshold) & ok[:, None]).sum(axis=0)  # no copy of the float array
+    frac = above / ok.sum() if ok.any() else np.full(mw.shape[1], np.nan)
+    return np.asarray(arrays["snap_ts"]), frac
 
 
 def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
@@ -112,11 +114,28 @@ def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
 
 
 def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
-    """Every figure of a sweep folder, from its stored arrays."""
+    """Every figure of a sweep folder, from its stored arrays.
+
+    Only finished initializations are drawn; with none, each figure says so instead.
+    """
     out = Path(out)
-    return [
-        plot_bands(arrays, config, out / "weights.png"),
-        plot_entropy_histogram(arrays, config, out / "entropy_hist.png"),
-        plot_winner_histogram(arrays, config, out / "winners.png"),
-        plot_one_hot_fraction(arrays, config, out / "one_hot_fraction.png"),
+    figures = [
+        (plot_bands, "weights.png"),
+        (plot_entropy_histogram, "entropy_hist.png"),
+        (plot_winner_histogram, "winners.png"),
+        (plot_one_hot_fraction, "one_hot_fraction.png"),
     ]
+    if not np.any(arrays["ok"]):
+        note = f"no initialization finished ({len(arrays['ok'])} failed): nothing to draw"
+        return [empty_figure(out / name, note) for _, name in figures]
+    return [draw(arrays, config, out / name) for draw, name in figures]
+
+
+def empty_figure(path: Path, note: str) -> Path:
+    """A figure holding only `note` (where there is no data to draw)."""
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

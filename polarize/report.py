@@ -4,22 +4,22 @@ from pathlib import Path
 
 from .errors import PolarizeError
 from .plots import sweep_figures
-from .storage import read_json
-from .sweep import load
+from .results import load
 
 
 def report(folder) -> list[Path]:
     """Regenerate the figures of a finished sweep or study; returns their paths. Nothing is recomputed."""
     folder = Path(folder)
     if (folder / "study.json").exists():
-        from .study import Study, plot_study
+        from .study import load_result, plot_study
 
-        study = Study(**read_json(folder / "study.json"))
+        study = load_result(folder).study
         paths = []
-        for name, _ in study.cells():
-            paths += report(folder / "cells" / name)
+        for name, _ in study.settings():
+            if (folder / "cells" / name / "summary.json").exists():
+                paths += report(folder / "cells" / name)
         return paths + [plot_study(study, folder)]
     if (folder / "config.json").exists():
         run = load(folder)
-        return sweep_figures(run["arrays"], run["config"], folder)
+        return sweep_figures(run.arrays, run.config, folder)
     raise PolarizeError(f"`dir` {folder} is neither a sweep folder (config.json) nor a study (study.json)")

@@ -7,6 +7,7 @@ scale as softmax, the convention also used for attention sinks.
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,9 +36,12 @@ def entropy(p: Float[Array, "... tokens"]) -> Float[Array, "..."]:
 
 def top_singular_share(V: Float[Array, "... dim tokens"]) -> Float[Array, "..."]:
     """s_1^2 / sum_i s_i^2 over the singular values of V: 1 means rank one."""
-    sv = jnp.linalg.svd(V, compute_uv=False)
+    finite = jnp.all(jnp.isfinite(V), axis=(-2, -1))
+    # LAPACK is never handed a non-finite matrix (it warns and returns garbage): NaN instead
+    sv = jnp.linalg.svd(jnp.where(finite[..., None, None], V, 0.0), compute_uv=False)
     total = jnp.sum(sv**2, axis=-1)
-    return jnp.where(total > 0, sv[..., 0] ** 2 / jnp.where(total > 0, total, 1.0), 1.0)
+    share = jnp.where(total > 0, sv[..., 0] ** 2 / jnp.where(total > 0, total, 1.0), 1.0)
+    return jnp.where(finite, share, jnp.nan)
 
 
 def _never_crosses(x: Float[Array, "... times tokens"]) -> Float[Array, "..."]:
@@ -65,7 +69,11 @@ def weight_series(weights: Float[Array, "... tokens"]) -> dict[str, Array]:
 
 def series(traj: Trajectory) -> dict[str, Array]:
     """Per-time statistics of every initialization (see `SERIES`), each (*inits, times)."""
-    return {**weight_series(traj.weights), "top_share": top_singular_share(traj.V), "loss": traj.loss}
+    return _series_of(traj.V, traj.weights, traj.loss)
+
+
+def _series_of(V, weights, loss) -> dict[str, Array]:
+    return {**weight_series(weights), "top_share": top_singular_share(V), "loss": loss}
 
 
 def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str, Array]:
@@ -81,26 +89,74 @@ def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str
     if not traj.batched:
         return {k: v[0] for k, v in order_statistics(_as_batch(traj), objective).items()}
     b = jnp.broadcast_to(b, traj.V.shape[:1] + b.shape[-1:])
-    u = jnp.einsum("ntdk,nd->ntk", traj.V, b)
-    winner = jnp.argmax(distribution(traj.weights[..., -1, :]), axis=-1)
+    return jax.vmap(_order_flags)(traj.V, traj.a, traj.weights, b)
+
+
+def _order_flags(V, a, weights, b) -> dict[str, Array]:
+    """The order statistics of one initialization (times first)."""
+    u = jnp.einsum("tdk,d->tk", V, b)
+    winner = jnp.argmax(distribution(weights[-1]), axis=-1)
     return {
-        "order_preserved": _never_crosses(u) & _never_crosses(traj.a),
-        "winner_is_argmax_u0": winner == jnp.argmax(u[..., 0, :], axis=-1),
+        "order_preserved": _never_crosses(u) & _never_crosses(a),
+        "winner_is_argmax_u0": winner == jnp.argmax(u[0], axis=-1),
     }
+
+
+def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=None) -> dict[str, Array]:
+    """Per-initialization final statistics of a batched trajectory, from finite states only.
+
+    `final_<name>` for max weight, entropy, effective tokens, winner, top singular
+    share (one SVD, at the last time only) and loss, plus the order statistics for
+    direction objectives; with `keep` (indices of saved times, ending with the last),
+    also `snap_max_weight` and `snap_entropy` there (float32). An initialization
+    with `ok` False gets NaN (winner -1, order flags False) instead of numbers
+    computed from a failed state. Per initialization in fixed blocks, so the numbers
+    never depend on the rest of the batch.
+    """
+    n = traj.ok.shape[0]
+    b = objective.direction()
+    flags = b is not None and traj.a.shape[-1] == traj.V.shape[-1]
+    b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.V.dtype)
+    keep = None if keep is None else np.asarray(keep)
+    return _final_by_block(traj.V, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
+
+
+@eqx.filter_jit
+def _final_by_block(V, a, weights, loss, ok, b, flags, keep):
+    def one(arrays):
+        V, a, weights, loss, ok, b = arrays
+        # failed states are replaced by a finite stand-in, and their numbers by NaN
+        V, a, weights, loss = (jnp.where(ok, x, jnp.zeros_like(x)) for x in (V, a, weights, loss))
+        # over all saved times, then the last: the same program as `summarize`, so the
+        # same numbers to the last bit
+        every = weight_series(weights)
+        out = {f"final_{k}": v[-1] for k, v in every.items()}
+        out["final_top_share"] = top_singular_share(V[-1])
+        out["final_loss"] = loss[-1]
+        if flags:
+            out.update({f"final_{k}": v for k, v in _order_flags(V, a, weights, b).items()})
+        if keep is not None:
+            out["snap_max_weight"] = every["max_weight"][keep].astype(jnp.float32)
+            out["snap_entropy"] = every["entropy"][keep].astype(jnp.float32)
+        return {k: _failed(v, ok) for k, v in out.items()}
+
+    return blockwise(one, (V, a, weights, loss, ok, b))
+
+
+def _failed(x, ok):
+    """x where ok, else NaN (floats), -1 (integers) or False (flags)."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.where(ok, x, jnp.nan)
+    if x.dtype == jnp.bool_:
+        return x & ok
+    return jnp.where(ok, x, -1)
 
 
 @jax.jit
 def _series_by_block(traj: Trajectory) -> dict:
     # per initialization in the fixed-block program, so a statistic never depends
     # on which other initializations shared the batch (see `polarize.ensembles`)
-    def one(arrays):
-        V, a, weights, loss = arrays
-        single = Trajectory(
-            ts=traj.ts, V=V, a=a, weights=weights, loss=loss, ok=jnp.asarray(True), status=jnp.asarray(0)
-        )
-        return series(single)
-
-    return blockwise(one, (traj.V, traj.a, traj.weights, traj.loss))
+    return blockwise(lambda arrays: _series_of(*arrays), (traj.V, traj.weights, traj.loss))
 
 
 def _as_batch(traj: Trajectory) -> Trajectory:
@@ -123,23 +179,53 @@ class Summary:
     aggregates: dict
 
 
-def summarize(traj: Trajectory, objective: AbstractObjective, *, threshold: float = 0.9) -> Summary:
+def summarize(
+    traj: Trajectory, objective: AbstractObjective, *, threshold: float = 0.9, hitting: dict | None = None
+) -> Summary:
     """Per-initialization statistics and ensemble aggregates of a trajectory.
 
     Works for one initialization too (it is treated as an ensemble of one).
+    `hitting`: per-initialization hitting times (`polarize.hitting_times`) or rates to
+    report with the rest (medians, 10/90% quantiles, fraction reached).
     """
     if not traj.batched:
         traj = _as_batch(traj)
+        hitting = None if hitting is None else {k: np.asarray(v)[None] for k, v in hitting.items()}
     ser = {k: np.asarray(v) for k, v in _series_by_block(traj).items()}
     final = {k: v[:, -1] for k, v in ser.items()}
     final.update({k: np.asarray(v) for k, v in order_statistics(traj, objective).items()})
+    final.update({k: np.asarray(v) for k, v in (hitting or {}).items()})
     final["ok"] = np.asarray(traj.ok)
     final["status"] = np.asarray(traj.status)
     return Summary(np.asarray(traj.ts), ser, final, aggregate(final, threshold))
 
 
+def quantile(x, q: float) -> float | None:
+    """The q-quantile of x with linear interpolation, inf where it falls next to an inf.
+
+    (numpy gives NaN between two infs: here a level never reached by most
+    initializations has an infinite median, as it should.) None for an empty x.
+    """
+    x = np.sort(np.asarray(x, dtype=float))
+    if x.size == 0:
+        return None
+    pos = q * (x.size - 1)
+    lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+    if np.isinf(x[hi]) or lo == hi:
+        return float(x[hi] if lo != hi else x[lo])
+    return float(x[lo] + (pos - lo) * (x[hi] - x[lo]))
+
+
 def aggregate(final: dict, threshold: float = 0.9) -> dict:
-    """Ensemble numbers from per-initialization final values; failed ones are counted, not used."""
+    """Ensemble numbers from per-initialization final values; failed ones are counted, not used.
+
+    Hitting times (`time_to_*`) get `median_`, `q10_`, `q90_` (over the initializations
+    that did not fail, inf where most never reached the level) and `fraction_reached_`;
+    rates (`rate_*`) a median and 10/90% quantiles; failures a count per status name
+    (`failed_<name>`).
+    """
+    from .status import counts
+
     ok = np.asarray(final["ok"], bool)
     n = int(ok.size)
 
@@ -148,7 +234,7 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
             return None
         return float(fn(np.asarray(final[name])[ok]))
 
-    return {
+    out = {
         "n_inits": n,
         "n_failed": int(n - ok.sum()),
         "one_hot_threshold": float(threshold),
@@ -161,3 +247,18 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
         "order_preserved_fraction": over_ok("order_preserved", np.mean),
         "winner_is_argmax_u0_fraction": over_ok("winner_is_argmax_u0", np.mean),
     }
+    if "status" in final:
+        out.update({f"failed_{name}": k for name, k in counts(np.asarray(final["status"])[~ok]).items()})
+    for name in final:
+        if name.startswith("time_to_"):
+            x = np.asarray(final[name], dtype=float)[ok]
+            for q in (50, 10, 90):
+                out[f"{'median' if q == 50 else f'q{q}'}_{name}"] = quantile(x, q / 100)
+            reached = name.removeprefix("time_to_")
+            out[f"fraction_reached_{reached}"] = float(np.mean(np.isfinite(x))) if x.size else None
+        if name.startswith("rate_"):
+            x = np.asarray(final[name], dtype=float)[ok]
+            x = x[np.isfinite(x)]
+            for q in (50, 10, 90):
+                out[f"{'median' if q == 50 else f'q{q}'}_{name}"] = quantile(x, q / 100)
+    return out

@@ -5,6 +5,7 @@ so a reader (or a resumed run) sees either the old file or the complete new one.
 """
 
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -39,15 +40,15 @@ def _jsonable(x):
         x = x.item()
     if isinstance(x, np.ndarray):
         return _jsonable(x.tolist())
-    if isinstance(x, float) and x != x:
-        return None  # NaN has no JSON spelling; null means "undefined"
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # NaN and inf have no JSON spelling; null: undefined, or never reached
     if isinstance(x, Path):
         return str(x)
     return x
 
 
 def write_json(path, obj) -> None:
-    """Write `obj` as indented JSON, atomically; NaN becomes null."""
+    """Write `obj` as indented JSON, atomically; NaN and inf become null."""
     text = json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n"
     _atomic_write(Path(path), lambda f: f.write(text.encode()))
 

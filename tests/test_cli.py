@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import polarize as pz
+from polarize import status
 from polarize.cli import main
+from polarize.statistics import quantile
 
 SMALL = ["--inits", "40", "--tokens", "5", "--dim", "4", "--t1", "1e4", "--n-save", "12"]
 
@@ -17,7 +19,7 @@ def test_sweep_writes_the_four_outputs(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["sweep", *SMALL, "--out", str(out)]) == 0
     line = capsys.readouterr().out.splitlines()
-    assert line[0].startswith("softmax/logistic flow to t=1e+04: 40 inits, 0 failed")
+    assert line[0].startswith("softmax/logistic flow to t=1e+04: 40 inits, 0 failed | median t(0.9) ")
     assert line[1] == f"results: {out}"
     config = json.loads((out / "config.json").read_text())
     assert config["sweep"]["inits"] == 40 and config["versions"]["jax"]
@@ -37,12 +39,21 @@ def test_sweep_writes_the_four_outputs(tmp_path, capsys):
     arrays = np.load(out / "per_init.npz", allow_pickle=False)
     assert arrays["final_max_weight"].shape == (40,) and arrays["ok"].all()
     assert (out / "weights.png").stat().st_size > 10_000
+    for name in ("time_to_0.5", "time_to_0.9", "time_to_0.99", "time_to_loss_0.001", "rate_C"):
+        assert arrays[name].shape == (40,) and f"median_{name}" in summary
     # the stored numbers are the API's numbers
-    loaded = pz.load(out)
-    model = pz.init_ensemble(pz.models.jax.random.fold_in(pz.models.as_key(0), 1), 40, tokens=5, dim=4)
-    obj = pz.sweep.build_objective(loaded["config"])
+    run = pz.load(out)
+    model = run.config.build_model(0, 128)  # the sweep's piece of 128: its compiled programs
+    obj = run.config.build_objective()
     traj = pz.flow(model, obj, t1=1e4, n_save=12)
-    np.testing.assert_array_equal(pz.summarize(traj, obj).final["max_weight"], arrays["final_max_weight"])
+    final = pz.summarize(traj, obj).final["max_weight"][:40]
+    np.testing.assert_array_equal(final, arrays["final_max_weight"])
+    times = pz.hitting_times(traj, model, obj)
+    for name, value in times.items():
+        np.testing.assert_array_equal(value[:40], arrays[name], err_msg=name)
+    reached = np.isfinite(arrays["time_to_0.9"])
+    assert summary["fraction_reached_0.9"] == reached.mean()
+    assert summary["median_time_to_0.9"] == quantile(arrays["time_to_0.9"], 0.5)
 
 
 def test_sweep_square_gd_and_null_order_statistics(tmp_path, capsys):
@@ -92,6 +103,9 @@ def test_sweep_square_gd_and_null_order_statistics(tmp_path, capsys):
         (["--kappa", "0.5"], "`kappa` must be >= 1; got 0.5"),
         (["--v-scale", "inf"], "`v_scale` must be finite; got inf"),
         (["--threshold", "1.5"], r"`threshold` must be in \(0, 1\]; got 1.5"),
+        (["--levels", "0.5", "1.5"], r"`levels` must be numbers in \(0, 1\]; got \[0.5, 1.5\]"),
+        (["--levels", "0"], r"`levels` must be numbers in \(0, 1\]; got \[0.0\]"),
+        (["--max-steps", "0"], "`max_steps` must be a positive integer; got 0"),
     ],
 )
 def test_bad_input_one_line_and_exit_2(args, message, tmp_path, capsys):
@@ -120,3 +134,44 @@ def test_entry_point_exits_nonzero_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("polarize: error: `norm` must be one of")
+
+
+def test_a_failing_sweep_reports_counts_writes_everything_and_exits_nonzero(tmp_path, capfd):
+    """Every init hits max_steps: one line by reason with a hint, all files, no LAPACK noise."""
+    out = tmp_path / "fail"
+    args = ["--objective", "cross-entropy", "--t1", "1e6", "--max-steps", "20", "--inits", "6"]
+    assert main(["sweep", *args, "--tokens", "4", "--dim", "4", "--out", str(out), "--no-progress"]) == 1
+    captured = capfd.readouterr()
+    lines = captured.out.splitlines()
+    assert "6 inits, 6 failed" in lines[0]
+    assert lines[1] == ("failed 6 of 6 inits (max_steps_reached: 6); hint: " + status.HINTS[status.MAX_STEPS])
+    assert "DLASCL" not in captured.err and "Traceback" not in captured.err
+    for name in ("config.json", "summary.json", "per_init.npz", "series.npz", "weights.png", "winners.png"):
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed_max_steps_reached"] == 6 and summary["median_max_weight"] is None
+    arrays = np.load(out / "per_init.npz")
+    assert np.isnan(arrays["final_top_share"]).all() and np.isnan(arrays["time_to_0.9"]).all()
+
+
+def test_more_than_half_failed_is_the_exit_rule():
+    from polarize.results import failed_too_many, failure_line
+
+    assert failed_too_many({"n_inits": 100, "n_failed": 51})
+    assert not failed_too_many({"n_inits": 100, "n_failed": 50})
+    assert failure_line({"n_inits": 4, "n_failed": 0}) is None
+
+
+def test_distributed_without_a_coordinator_is_one_line(tmp_path, capsys, monkeypatch):
+    from polarize.devices import COORDINATOR_ENV
+
+    for name in COORDINATOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["sweep", *SMALL, "--distributed", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`--distributed` needs a coordinator: set JAX_COORDINATOR_ADDRESS" in err
+
+
+def test_load_refuses_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(pz.PolarizeError, match="is not a polarize run"):
+        pz.load(tmp_path)

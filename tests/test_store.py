@@ -92,7 +92,8 @@ def test_results_do_not_depend_on_device_count(tmp_path):
     """Two forced host devices give the same numbers, bit for bit, as one."""
     script = (
         "import jax, numpy as np, sys; jax.config.update('jax_enable_x64', True)\n"
-        "from polarize.sweep import SweepConfig, run_chunk\n"
+        "from polarize.config import SweepConfig\n"
+        "from polarize.sweep import run_chunk\n"
         "c = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=300)\n"
         "assert jax.local_device_count() == int(sys.argv[2]), jax.devices()\n"
         "np.savez(sys.argv[1], **run_chunk(c, 0, 300))\n"
@@ -107,8 +108,24 @@ def test_results_do_not_depend_on_device_count(tmp_path):
         np.testing.assert_array_equal(one[k], two[k], err_msg=k)
 
 
-def test_load_returns_config_arrays_and_summary(reference):
+def test_load_returns_a_run_with_tables(reference):
     run = pz.load(reference)
-    assert run["config"].inits == 5120 and run["summary"]["n_inits"] == 5120
-    assert run["arrays"]["final_max_weight"].shape == (5120,)
-    assert run["arrays"]["series_max_weight"].shape[0] == 5120
+    assert run.config.inits == 5120 and run.summary["n_inits"] == 5120
+    assert run.arrays["final_max_weight"].shape == (5120,)
+    assert run.arrays["series_max_weight"].shape[0] == 5120
+    frame = run.frame()
+    assert len(frame) == 5120 and list(frame["init"]) == list(range(5120))
+    for name in ("final_max_weight", "final_entropy", "time_to_0.9", "time_to_loss_0.001", "rate_C", "ok"):
+        np.testing.assert_array_equal(frame[name].to_numpy(), run.arrays[name], err_msg=name)
+    assert set(frame["status_name"]) == {"ok"} and (frame["tokens"] == 4).all() and (frame["t1"] == 1e3).all()
+    assert frame["levels"].iloc[0] == "0.5,0.9,0.99"
+    # the summary's numbers are the table's numbers
+    ok = frame[frame["ok"]]
+    assert run.summary["median_max_weight"] == ok["final_max_weight"].median()
+    assert run.summary["fraction_reached_0.5"] == np.isfinite(ok["time_to_0.5"]).mean()
+    series = run.series()
+    k = len(run.arrays["snap_ts"])
+    assert len(series) == 5120 * k and list(series.columns[:4]) == ["init", "time", "max_weight", "entropy"]
+    one = series[series["init"] == 7]
+    np.testing.assert_array_equal(one["time"], run.arrays["snap_ts"])
+    np.testing.assert_array_equal(one["max_weight"], run.arrays["series_max_weight"][7])

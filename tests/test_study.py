@@ -1,9 +1,13 @@
 """A small study end to end, and `report` redrawing its figures from stored results."""
 
+import json
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
+import polarize as pz
 from polarize.cli import main
 
 STUDY = """
@@ -28,7 +32,7 @@ def test_study_runs_resumes_and_reports(tmp_path, capsys):
     assert "4 cells" in capsys.readouterr().out
     lines = (out / "study.csv").read_text().splitlines()
     header = lines[0].split(",")
-    assert header[:3] == ["cell", "norm", "a_scale"] and len(lines) == 5
+    assert header[:5] == ["cell", "norm", "a_scale", "status", "error"] and len(lines) == 5
     rows = {line.split(",")[0]: dict(zip(header, line.split(","), strict=True)) for line in lines[1:]}
     softmax = float(rows["norm=softmax__a_scale=0.0"]["median_max_weight"])
     sigmoid = float(rows["norm=sigmoid__a_scale=0.0"]["median_max_weight"])
@@ -53,13 +57,90 @@ def test_bad_study_files(tmp_path, capsys):
     bad.write_text('[grid]\nnorm = ["softmax"]\ntokenz = [3]\n')
     assert main(["study", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "unknown setting(s) ['tokenz'] in [grid]" in capsys.readouterr().err
-    bad.write_text('[grid]\nnorm = ["softmaxx"]\n')
+    bad.write_text('[grid]\nnorm = ["softmax"]\n[plot]\ny = "speed"\n')
     assert main(["study", str(bad), "--out", str(tmp_path / "o")]) == 2
-    assert "`norm` must be one of" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[plot] y = 'speed' is not a statistic; valid: max_weight, entropy" in err
+    assert "time_to_0.9" in err
     assert main(["study", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert "neither a sweep folder" in capsys.readouterr().err
+
+
+FAILING = """
+name = "failing"
+[base]
+tokens = 3
+dim = 3
+n_save = 8
+inits = 8
+[grid]
+kappa = [0.5, 1.0]
+t1 = [1e2, 1e6]
+[plot]
+x = "kappa"
+y = ["time_to_0.5", "max_weight"]
+"""
+
+
+def test_a_failing_cell_is_reported_and_the_others_go_on(tmp_path, capsys):
+    """An invalid setting and a cell where every init fails; the rest runs, exit 1 at the end."""
+    spec = tmp_path / "failing.toml"
+    spec.write_text(FAILING.replace("[grid]", '[grid]\nobjective = ["cross-entropy"]\nmax_steps = [30]'))
+    out = tmp_path / "study"
+    assert main(["study", str(spec), "--out", str(out), "--no-progress"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("3 of 4 cells failed: ")
+    assert "kappa=0.5__t1=100.0: invalid setting: `kappa` must be >= 1; got 0.5" in lines[-1]
+    assert "max_steps_reached" in lines[-1] and "kappa=1.0__t1=100.0" not in lines[-1]
+    table = pd.read_csv(out / "study.csv")
+    assert list(table["status"]) == ["failed", "failed", "ok", "failed"]
+    assert table.loc[2, "n_failed"] * 2 <= 8 and table.loc[3, "n_failed"] == 8  # at most half: ok
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["failed_cells"]) == sorted(table["cell"][table["status"] == "failed"])
+    assert (out / "comparison.png").exists()
+
+
+HEAT = """
+name = "heat"
+[base]
+objective = "square"
+tokens = 3
+dim = 3
+t1 = 100.0
+n_save = 8
+inits = 16
+[grid]
+kappa = [1.0, 4.0]
+v_scale = [0.1, 0.5]
+seed = [0, 1]
+[plot]
+y = ["time_to_0.5", "one_hot_fraction"]
+"""
+
+
+def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys):
+    spec = tmp_path / "heat.toml"
+    spec.write_text(HEAT)
+    out = tmp_path / "heat"
+    assert main(["study", str(spec), "--out", str(out), "--no-progress"]) == 0
+    result = pz.load(out)
+    frame = result.frame()
+    assert len(frame) == 8 * 16 and list(frame.columns[:4]) == ["cell", "kappa", "v_scale", "seed"]
+    assert set(frame["cell"]) == set(result.table["cell"])
+    # the table's medians are the frame's medians, cell by cell
+    for cell, rows in frame.groupby("cell"):
+        row = result.table[result.table["cell"] == cell].iloc[0]
+        assert row["median_max_weight"] == rows["final_max_weight"][rows["ok"]].median()
+    # the heatmap pools seeds: its numbers are the pooled medians
+    from polarize.study import _point
+
+    runs = [r for r in result.runs.values() if r.config.kappa == 4.0 and r.config.v_scale == 0.5]
+    pooled = frame[(frame["kappa"] == 4.0) & (frame["v_scale"] == 0.5) & frame["ok"]]["time_to_0.5"]
+    assert len(runs) == 2 and _point(runs, "time_to_0.5")[0] == pz.statistics.quantile(pooled, 0.5)
+    image = plt.imread(out / "comparison.png")
+    assert image.shape[1] > 1000  # two panels
 
 
 def test_shipped_study_files_are_valid():
@@ -69,4 +150,6 @@ def test_shipped_study_files_are_valid():
     for name in ("normalizations.toml", "conditioning.toml"):
         study = load_study(root / name)
         assert len(study.cells()) >= 5
-    assert np.isclose(load_study(root / "conditioning.toml").cells()[0][1].t1, 300.0)
+    conditioning = load_study(root / "conditioning.toml")
+    assert np.isclose(conditioning.cells()[0][1].t1, 300.0)
+    assert conditioning.x == "kappa" and conditioning.y == ("time_to_0.9", "max_weight")

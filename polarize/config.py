@@ -1,0 +1,167 @@
+"""A sweep's settings, and the one place where its strings become objects.
+
+`SweepConfig` names everything that determines a sweep's numbers. Each family of
+names has one registry, name -> builder (`OBJECTIVES`, `SOLVERS`, `METHODS`, and
+`polarize.normalizations.NORMALIZATIONS`); the CLI lists the same keys, and
+`SweepConfig.build_objective()`, `.build_solver()`, `.build_model()` build the objects the runner
+uses. Nothing else turns a setting into an object.
+
+Randomness: the target/data come from fold_in(key(seed), 2) and initialization i
+from fold_in(fold_in(key(seed), 1), i), so every number is a function of
+(config, i) alone, whatever the chunking.
+"""
+
+import dataclasses
+
+import diffrax
+import jax
+import numpy as np
+
+from .descent import save_steps
+from .errors import PolarizeError, check_choice, check_positive
+from .times import save_times
+from .hitting import LEVELS, LOSS_FRACTION, check_levels, time_names
+from .models import ValueAttention, as_key, init_ensemble
+from .normalizations import NORMALIZATIONS, AbstractNormalization, normalization
+from .objectives import (
+    AbstractObjective,
+    conditioned_regression,
+    peaked_distribution,
+    random_direction,
+    random_labels,
+)
+
+#: objective name -> builder(key, config): the sweep's target, shared by every initialization.
+OBJECTIVES = {
+    "logistic": lambda key, c: random_direction(key, c.dim),
+    "logistic-data": lambda key, c: random_labels(key, c.samples or 4 * c.dim, c.dim),
+    "square": lambda key, c: conditioned_regression(key, c.samples or c.dim, c.dim, c.kappa),
+    "cross-entropy": lambda key, c: peaked_distribution(key, c.dim),
+}
+#: solver name -> diffrax solver class; "auto" is `flow`'s default (stiff objectives get
+#: the Rosenbrock-W method of `polarize.stiff`, the rest Tsit5).
+SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
+#: method name -> what it integrates.
+METHODS = {"flow": "exact gradient flow (diffrax)", "gd": "plain gradient descent at lr (optax.sgd)"}
+#: objectives with a logistic tail, where `rate_C` is fitted.
+LOGISTIC = ("logistic", "logistic-data")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """Everything that determines a sweep's numbers (defaults: the paper's logistic toy)."""
+
+    objective: str = "logistic"
+    norm: str = "softmax"
+    temperature: float = 1.0
+    sink: float = 0.0
+    tokens: int = 8
+    dim: int = 8
+    samples: int | None = None
+    kappa: float = 1.0
+    inits: int = 1000
+    method: str = "flow"
+    t1: float = 1e5
+    rtol: float = 1e-6
+    atol: float = 1e-8
+    solver: str = "auto"
+    max_steps: int = 100_000
+    lr: float = 0.1
+    steps: int = 10_000
+    v_scale: float = 0.1
+    a_scale: float = 0.0
+    a_offset: float = 0.0
+    seed: int = 0
+    n_save: int = 64
+    snapshots: int = 32
+    threshold: float = 0.9
+    levels: tuple[float, ...] = LEVELS
+    loss_fraction: float = LOSS_FRACTION
+    chunk_size: int = 10_000
+
+    def __post_init__(self):
+        check_choice("objective", self.objective, OBJECTIVES)
+        check_choice("norm", self.norm, NORMALIZATIONS)
+        check_choice("method", self.method, METHODS)
+        check_choice("solver", self.solver, SOLVERS)
+        ints = ("tokens", "dim", "inits", "steps", "max_steps", "n_save", "snapshots", "chunk_size")
+        for name in ints:
+            check_positive(name, getattr(self, name), integer=True)
+        if self.samples is not None:
+            check_positive("samples", self.samples, integer=True)
+        for name in ("t1", "rtol", "atol", "lr", "temperature", "kappa"):
+            check_positive(name, getattr(self, name))
+        for name in ("v_scale", "a_scale", "a_offset", "sink", "threshold"):
+            value = getattr(self, name)
+            if not np.isfinite(value):
+                raise PolarizeError(f"`{name}` must be finite; got {value!r}")
+        if self.kappa < 1:
+            raise PolarizeError(f"`kappa` must be >= 1; got {self.kappa!r}")
+        if not 0 < self.threshold <= 1:
+            raise PolarizeError(f"`threshold` must be in (0, 1]; got {self.threshold!r}")
+        if not 0 < self.loss_fraction < 1:
+            raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {self.loss_fraction!r}")
+        object.__setattr__(self, "levels", check_levels(self.levels))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SweepConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise PolarizeError(f"unknown sweep setting(s) {unknown}; valid: {sorted(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "levels": list(self.levels)}
+
+    # -- the objects a sweep is made of ------------------------------------------------
+
+    def build_norm(self) -> AbstractNormalization:
+        options = {"softmax": {"temperature": self.temperature}, "softmax1": {"sink": self.sink}}
+        return normalization(self.norm, **options.get(self.norm, {}))
+
+    def build_objective(self) -> AbstractObjective:
+        """The sweep's target, shared by every initialization, from fold_in(key(seed), 2)."""
+        return OBJECTIVES[self.objective](jax.random.fold_in(as_key(self.seed), 2), self)
+
+    def build_solver(self) -> diffrax.AbstractSolver | None:
+        """The solver, or None for `flow`'s default."""
+        cls = SOLVERS[self.solver]
+        return None if cls is None else cls()
+
+    def build_model(self, start: int, stop: int) -> ValueAttention:
+        """Initializations start .. stop - 1 (each from (seed, i) alone)."""
+        return init_ensemble(
+            jax.random.fold_in(as_key(self.seed), 1),
+            stop - start,
+            tokens=self.tokens,
+            dim=self.dim,
+            v_scale=self.v_scale,
+            a_scale=self.a_scale,
+            a_offset=self.a_offset,
+            norm=self.build_norm(),
+            start=start,
+        )
+
+    # -- what a sweep stores -------------------------------------------------------------
+
+    def times(self) -> np.ndarray:
+        """The saved times of every trajectory of the sweep (steps x lr for descent)."""
+        if self.method == "flow":
+            return save_times(self.t1, self.n_save)
+        return save_steps(self.steps, self.n_save) * self.lr
+
+    def horizon(self) -> float:
+        return self.t1 if self.method == "flow" else self.steps * self.lr
+
+    def snapshot_index(self) -> np.ndarray:
+        """Indices into `times()` of the kept snapshots (about `snapshots`, log-spaced)."""
+        n = len(self.times())
+        return np.unique(np.round(np.linspace(0, n - 1, min(self.snapshots, n))).astype(int))
+
+    def time_names(self) -> list[str]:
+        """Names of the stored hitting times (`time_to_0.9`, ..., `time_to_loss_0.001`)."""
+        return time_names(self.levels, self.loss_fraction)
+
+    def fits_rate(self) -> bool:
+        return self.objective in LOGISTIC

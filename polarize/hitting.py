@@ -1,0 +1,315 @@
+"""Polarization speed: when each initialization reaches a level, and its asymptotic rate.
+
+Hitting times of gradient flow are exact to the solver's tolerance, not interpolated
+between saved times. The saved trajectory only brackets the first crossing: the first
+saved interval [t_{k-1}, t_k] whose end reached the level. The ODE is autonomous, so
+the solve restarts from the saved state at t_{k-1} over that one interval (on the
+clock tau = log(1 + t), like `flow`), with a diffrax `Event` whose root is located by
+bisection on the solver's dense solution.
+
+Caveat of the bracketing: a crossing that uncrosses again between two saved times
+(max weight above the level and back below it inside one interval) is missed, and
+the time reported is that of a later crossing, or inf. More saved times (`n_save`)
+shrink the intervals.
+
+For gradient descent (`descent_hitting_times`) the time of a level is the first
+step index k whose iterate reached it, times lr.
+"""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optimistix as optx
+from jaxtyping import Array, Float
+
+from .ensembles import batch_axes, blockwise, over_inits
+from .errors import PolarizeError
+from .models import AbstractModel
+from .objectives import AbstractObjective
+from .statistics import distribution
+from .trajectory import Trajectory
+
+#: Default max-weight levels.
+LEVELS = (0.5, 0.9, 0.99)
+#: Default loss level, as a fraction of the loss at the start.
+LOSS_FRACTION = 1e-3
+
+
+def check_levels(levels) -> tuple[float, ...]:
+    """`levels` as a sorted tuple of distinct floats in (0, 1], or a `PolarizeError`."""
+    try:
+        values = tuple(float(x) for x in np.atleast_1d(np.asarray(levels, dtype=float)))
+    except (TypeError, ValueError):
+        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {levels!r}") from None
+    bad = [x for x in values if not 0 < x <= 1]
+    if not values or bad:
+        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {list(values)!r}")
+    return tuple(sorted(set(values)))
+
+
+def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> list[str]:
+    """Names of the hitting times: `time_to_<level>` and `time_to_loss_<fraction>`."""
+    names = [f"time_to_{level:g}" for level in levels]
+    if loss_fraction is not None:
+        names.append(f"time_to_loss_{loss_fraction:g}")
+    return names
+
+
+def _with_state(model: AbstractModel, state) -> AbstractModel:
+    return eqx.tree_at(lambda m: [getattr(m, n) for n in m.trainable], model, list(state))
+
+
+def _gaps(model, objective, state, kinds, levels):
+    """g_j(state) >= 0 exactly when target j is reached: max weight - level, or level - loss."""
+    m = _with_state(model, state)
+    max_weight = jnp.max(distribution(m.weights()), axis=-1)
+    loss = objective(m())
+    return jnp.where(kinds == 0, max_weight - levels, levels - loss)
+
+
+def _targets(levels, loss_fraction):
+    """(kinds, raw levels) arrays: kind 0 is a max-weight level, kind 1 a loss fraction.
+
+    Arrays, not static settings, so new levels reuse the compiled program.
+    """
+    kinds = [0] * len(levels) + ([1] if loss_fraction is not None else [])
+    values = list(levels) + ([loss_fraction] if loss_fraction is not None else [])
+    return jnp.asarray(kinds), jnp.asarray(values, dtype=float)
+
+
+def _levels(kinds, values, loss0):
+    """The levels of one initialization: loss fractions become losses."""
+    return jnp.where(kinds == 0, values, values * loss0).astype(loss0.dtype)
+
+
+def hitting_times(
+    traj: Trajectory,
+    model: AbstractModel,
+    objective: AbstractObjective,
+    *,
+    levels=LEVELS,
+    loss_fraction: float | None = LOSS_FRACTION,
+    solver: diffrax.AbstractSolver | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    max_steps: int = 100_000,
+) -> dict[str, Float[Array, "*inits"]]:
+    """First times max weight reaches each level, and the loss falls to `loss_fraction` of L(0).
+
+    Args:
+        traj: a `flow` trajectory of `model` under `objective` (log-spaced saves work best).
+        model, objective: what `traj` integrated (batched or not), with the initial state.
+        levels: max-weight levels in (0, 1]; max weight is read on p = |s| / sum |s|.
+        loss_fraction: the loss level as a fraction of the initial loss (None: skip it).
+        solver, rtol, atol, max_steps: for the restarted solves; use the flow's own.
+
+    Returns:
+        {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}, each (inits,) or a
+        scalar: the flow time of the first crossing (t0 when reached at the start), inf
+        where never reached by the last saved time, NaN where the run failed (`ok` False).
+    """
+    levels = check_levels(levels)
+    if loss_fraction is not None and not 0 < loss_fraction < 1:
+        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
+    solver = diffrax.Tsit5() if solver is None else solver
+    names = time_names(levels, loss_fraction)
+    per_init = (traj.V, traj.a, traj.weights, traj.loss, traj.ok)
+    if not traj.batched:
+        per_init = jax.tree.map(lambda x: x[None], per_init)
+    targets = _targets(levels, loss_fraction)
+    out = _hitting(model, objective, traj.ts, per_init, targets, solver, rtol, atol, max_steps)
+    out = out if traj.batched else out[0]
+    return {name: out[..., j] for j, name in enumerate(names)}
+
+
+def _split(module):
+    """(batched arrays, the rest) of a model or objective, for mapping over initializations."""
+    is_none = lambda x: x is None
+    return eqx.partition(module, jax.tree.map(lambda ax: ax == 0, batch_axes(module), is_leaf=is_none))
+
+
+@eqx.filter_jit
+def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_steps):
+    (model_dyn, model_static), (obj_dyn, obj_static) = _split(model), _split(objective)
+    n = per_init[0].shape[0]
+    model_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), model_dyn)
+    obj_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), obj_dyn)
+
+    def one(args):
+        model_dyn, obj_dyn, (V, a, weights, loss, ok) = args
+        model, objective = eqx.combine(model_dyn, model_static), eqx.combine(obj_dyn, obj_static)
+        return _first_crossings(
+            model,
+            objective,
+            ts,
+            V,
+            a,
+            weights,
+            loss,
+            ok,
+            targets,
+            solver,
+            rtol,
+            atol,
+            max_steps,
+        )
+
+    return blockwise(one, (model_dyn, obj_dyn, per_init))
+
+
+#: Root finder on the solver's dense solution. An upcrossing (the gap goes from < 0 to
+#: >= 0) needs no sign detection (`flip=False`), which would fail under `vmap` for
+#: lanes without an event; bisection also works inside `shard_map`, where Newton's
+#: closure-converted Jacobian does not (JAX 0.10, optimistix 0.1).
+_BISECTION = optx.Bisection(rtol=1e-13, atol=1e-13, flip=False)
+
+
+def _field(tau, y, args):
+    """d theta / d tau = -(1 + t) grad L(theta), with t = exp(tau) - 1."""
+    model, objective, _, _ = args
+    grad = jax.grad(lambda y: objective(_with_state(model, y)()))(y)
+    return jax.tree.map(lambda g: -jnp.exp(tau) * g, grad)
+
+
+def _gap_of_one(t, y, args, **kwargs):
+    model, objective, kind, value = args
+    return _gaps(model, objective, y, kind, value)
+
+
+def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, solver, rtol, atol, max_steps):
+    """Hitting times of one initialization (one entry per target)."""
+    kinds, values = targets[0], _levels(*targets, loss[0])
+    max_weight = jnp.max(distribution(weights), axis=-1)
+    gaps = jnp.where(kinds[:, None] == 0, max_weight[None] - values[:, None], values[:, None] - loss[None])
+    hit = gaps >= 0  # (targets, times)
+    reached = jnp.any(hit, axis=-1)
+    k = jnp.argmax(hit, axis=-1)
+    # a failed run or a target reached at the start needs no solve: it restarts
+    # from the (finite) initial state over the first interval, and its result is discarded
+    needs_solve = ok & reached & (k > 0)
+    start = jnp.where(needs_solve, k - 1, 0)
+    stop = jnp.where(needs_solve, k, 1)
+
+    def locate(kind, value, start, stop):
+        y0 = (V[start], a[start])
+        tau0, tau1 = jnp.log1p(ts[start]), jnp.log1p(ts[stop])
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_field),
+            solver,
+            t0=tau0,
+            t1=tau1,
+            dt0=None,
+            y0=y0,
+            args=(model, objective, kind, value),
+            saveat=diffrax.SaveAt(t1=True),
+            stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+            event=diffrax.Event(_gap_of_one, root_finder=_BISECTION, direction=True),
+            max_steps=max_steps,
+            throw=False,
+        )
+        # no event inside the bracket (the level is touched within the solver's
+        # tolerance at t_k): the crossing is t_k itself
+        solved = (sol.result == diffrax.RESULTS.successful) | (sol.result == diffrax.RESULTS.event_occurred)
+        return jnp.where(solved, jnp.expm1(sol.ts[-1]), jnp.nan)
+
+    located = jax.vmap(locate)(kinds, values, start, stop)
+    times = jnp.where(k == 0, ts[0], located)
+    times = jnp.where(reached, times, jnp.inf)
+    return jnp.where(ok, times, jnp.nan)
+
+
+def descent_hitting_times(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    lr: float,
+    *,
+    steps: int,
+    levels=LEVELS,
+    loss_fraction: float | None = LOSS_FRACTION,
+) -> dict[str, Float[Array, "*inits"]]:
+    """For plain gradient descent at `lr`: the first step index k whose iterate reaches
+    each level (k = 0 is the start), times lr; inf where not reached within `steps`.
+
+    Reruns the descent theta <- theta - lr grad L (optax.sgd) carrying the first-hit
+    index of every target; the iterates are those of `polarize.descend` up to rounding
+    (descend may step in reduced coordinates), so an index can differ only where an
+    iterate lies within rounding of a level. NaN where an iterate went non-finite.
+    """
+    levels = check_levels(levels)
+    if loss_fraction is not None and not 0 < loss_fraction < 1:
+        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
+    if not lr > 0:
+        raise PolarizeError(f"`lr` must be a positive finite number; got {lr!r}")
+    steps = int(steps)
+    names = time_names(levels, loss_fraction)
+    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, _targets(levels, loss_fraction))
+    times = jnp.where(first >= 0, first * lr, jnp.inf)
+    times = jnp.where(ok[..., None], times, jnp.nan)
+    return {name: times[..., j] for j, name in enumerate(names)}
+
+
+@eqx.filter_jit
+def _descent_first(model, objective, optimizer, steps, targets):
+    def run_one(model, objective):
+        theta = tuple(getattr(model, n) for n in model.trainable)
+        loss0 = objective(model())
+        kinds, values = targets[0], _levels(*targets, loss0)
+
+        def check(first, theta, k):
+            hit = _gaps(model, objective, theta, kinds, values) >= 0
+            return jnp.where((first < 0) & hit, k, first)
+
+        def step(carry, k):
+            theta, opt_state, first = carry
+            first = check(first, theta, k)
+            grads = jax.grad(lambda y: objective(_with_state(model, y)()))(theta)
+            updates, opt_state = optimizer.update(grads, opt_state, theta)
+            return (optax.apply_updates(theta, updates), opt_state, first), None
+
+        first = -jnp.ones(kinds.shape, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+        carry = (theta, optimizer.init(theta), first)
+        (theta, _, first), _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=first.dtype))
+        first = check(first, theta, jnp.asarray(steps, first.dtype))
+        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in theta]))
+        return first, ok
+
+    return over_inits(run_one, model, objective)
+
+
+def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array]:
+    """C fitted from 1 - max s = C / (log t)^2 over the last decade [t1 / 10, t1] of the horizon.
+
+    Per initialization, C is the geometric mean of (1 - max s(t)) (log t)^2 over the
+    saved times in that decade; `rate_drift` is the relative change of that product
+    from the decade's first to its last saved time.
+
+    When the fit is meaningful: under a logistic loss, once the run has polarized
+    (max weight near 1, one token winning), where 1 - max s ~ C / (log t)^2 holds up
+    to O(log log t / log t) corrections; a `rate_drift` of a few percent says the
+    horizon is in that regime, a large one that it is not (raise t1). It needs
+    t1 >= 100 and at least two saved times in the decade, else NaN, as where
+    max s = 1 in floating point or the run failed.
+
+    Args:
+        ts: saved times (times,). max_weight: (inits, times) or (times,).
+        t1: the horizon (default: the last saved time).
+    Returns:
+        {"rate_C": (inits,), "rate_drift": (inits,)}.
+    """
+    ts = np.asarray(ts, dtype=float)  # concrete: the window is chosen here
+    t1 = float(ts[-1] if t1 is None else t1)
+    window = (ts >= t1 / 10) & (ts <= t1) & (ts > 1)
+    mw = jnp.asarray(max_weight)
+    if t1 < 100 or window.sum() < 2:
+        nan = jnp.full(mw.shape[:-1], jnp.nan, dtype=mw.dtype)
+        return {"rate_C": nan, "rate_drift": nan}
+    gap = 1.0 - mw[..., np.flatnonzero(window)]
+    product = gap * jnp.broadcast_to(np.log(ts[window]) ** 2, gap.shape)
+    valid = jnp.all(jnp.isfinite(product) & (product > 0), axis=-1)
+    safe = jnp.where(valid[..., None], product, 1.0)
+    C = jnp.exp(jnp.mean(jnp.log(safe), axis=-1))
+    drift = safe[..., -1] / safe[..., 0] - 1
+    return {"rate_C": jnp.where(valid, C, jnp.nan), "rate_drift": jnp.where(valid, drift, jnp.nan)}

@@ -1,0 +1,197 @@
+"""A sweep's results: assembled from its chunks, read back as a `Run`, shown as tables.
+
+Files of a finished run folder (besides config.json and chunks/):
+
+    summary.json   ensemble numbers (`polarize.statistics.aggregate`); null = undefined
+                   or never reached (see the `fraction_reached_*` next to it)
+    per_init.npz   one value per initialization: final_*, time_to_*, rate_*, ok, status
+    series.npz     max weight and entropy at the snapshot times (float32), with `ts`
+    sample.npz     full trajectories of the first `--sample` initializations
+    *.png          figures (`polarize.plots`)
+
+`load(DIR)` returns a `Run` (or a `polarize.study.StudyResult` for a study folder);
+`Run.frame()` is the pandas table with one row per initialization.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from . import status
+from .config import SweepConfig
+from .errors import PolarizeError
+from .statistics import aggregate
+from .storage import read_json, read_npz, write_json, write_npz
+from .store import ChunkStore
+
+
+def summary_of(config: SweepConfig, arrays: dict) -> dict:
+    """summary.json content from the per-initialization arrays of a whole sweep."""
+    final = {k.removeprefix("final_"): v for k, v in arrays.items() if k.startswith("final_")}
+    final.update({k: v for k, v in arrays.items() if k.startswith(("time_to_", "rate_"))})
+    final["ok"], final["status"] = arrays["ok"], arrays["status"]
+    return aggregate(final, config.threshold)
+
+
+def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, wall: float) -> dict:
+    """Gather the chunks into per_init.npz/series.npz, write summary.json and draw the figures.
+
+    Arrays are filled chunk by chunk into preallocated ones, so assembling costs one
+    copy of the results, not two. Figures that cannot be drawn (no finished
+    initialization) are drawn empty with a note, never a crash.
+    """
+    from .plots import sweep_figures
+    from .sweep import run_chunk, solve
+
+    arrays = None
+    for i, (start, stop) in enumerate(store.ranges):
+        part = store.read(i)
+        if part is None:  # another process's chunk went missing: compute it here
+            part = run_chunk(config, start, stop)
+            store.write(i, part)
+        if arrays is None:
+            arrays = {
+                k: np.empty((config.inits,) + v.shape[1:], v.dtype)
+                for k, v in part.items()
+                if k not in ("start", "stop")
+            }
+        for k in arrays:
+            arrays[k][start:stop] = part[k]
+        del part
+    summary = summary_of(config, arrays)
+    summary["wall_seconds"] = round(wall, 3)
+    write_npz(out / "per_init.npz", {k: v for k, v in arrays.items() if not k.startswith("snap_")})
+    snaps = {k: v for k, v in arrays.items() if k.startswith("snap_")}
+    ts = config.times()[config.snapshot_index()]
+    write_npz(out / "series.npz", {**snaps, "ts": ts, "ok": arrays["ok"]})
+    del arrays, snaps
+    if sample:
+        n = min(sample, config.inits)
+        traj = solve(config, config.build_model(0, n), config.build_objective())
+        fields = ("ts", "V", "a", "weights", "loss", "ok", "status")
+        write_npz(out / "sample.npz", {k: getattr(traj, k) for k in fields})
+    write_json(out / "summary.json", summary)
+    sweep_figures(load(out).arrays, config, out)
+    return summary
+
+
+def load_arrays(out) -> dict:
+    """Per-initialization arrays of a finished sweep folder (snapshots as `series_*`)."""
+    out = Path(out)
+    arrays = read_npz(out / "per_init.npz")
+    snaps = read_npz(out / "series.npz")
+    arrays["snap_ts"] = snaps["ts"]
+    arrays.update({"series_" + k.removeprefix("snap_"): v for k, v in snaps.items() if k.startswith("snap_")})
+    return arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A finished sweep folder, read without recomputing anything.
+
+    `config`: its `SweepConfig`. `summary`: summary.json. `arrays`: per-initialization
+    arrays (`final_*`, `time_to_*`, `rate_*`, `ok`, `status`, `series_*` at `snap_ts`).
+    `sample`: full trajectories of the first inits, when kept.
+    """
+
+    folder: Path
+    config: SweepConfig
+    summary: dict
+    arrays: dict
+    sample: dict | None = None
+
+    def frame(self):
+        """One row per initialization: `init`, every final statistic, hitting time and rate,
+        `ok`, `status` and `status_name`, then the config's settings as columns."""
+        import pandas as pd
+
+        n = self.config.inits
+        columns = {"init": np.arange(n)}
+        columns.update({k: v for k, v in self.arrays.items() if np.shape(v)[:1] == (n,) and np.ndim(v) == 1})
+        columns["ok"] = np.asarray(columns["ok"], bool)
+        frame = pd.DataFrame(columns)
+        frame["status_name"] = pd.Categorical([status.name(c) for c in frame["status"]])
+        for key, value in self.config.to_dict().items():
+            frame[key] = ",".join(f"{x:g}" for x in value) if key == "levels" else value
+        return frame
+
+    def series(self):
+        """Long format: one row per initialization and snapshot time (`init`, `time`,
+        `max_weight`, `entropy`, `ok`)."""
+        import pandas as pd
+
+        mw, H = self.arrays["series_max_weight"], self.arrays["series_entropy"]
+        n, k = mw.shape
+        return pd.DataFrame(
+            {
+                "init": np.repeat(np.arange(n), k),
+                "time": np.tile(self.arrays["snap_ts"], n),
+                "max_weight": mw.reshape(-1),
+                "entropy": H.reshape(-1),
+                "ok": np.repeat(np.asarray(self.arrays["ok"], bool), k),
+            }
+        )
+
+
+def load(out):
+    """A finished sweep folder as a `Run`, or a study folder as a `StudyResult`."""
+    out = Path(out)
+    if (out / "study.json").exists():
+        from .study import load_result
+
+        return load_result(out)
+    if not (out / "config.json").exists():
+        raise PolarizeError(
+            f"`dir` {out} is not a polarize run: it holds neither config.json (a sweep) "
+            "nor study.json (a study)"
+        )
+    if not (out / "summary.json").exists():
+        raise PolarizeError(f"`dir` {out} holds an unfinished sweep (no summary.json); resume it first")
+    from .sweep import stored_config
+
+    sample = read_npz(out / "sample.npz") if (out / "sample.npz").exists() else None
+    return Run(out, stored_config(out), read_json(out / "summary.json"), load_arrays(out), sample)
+
+
+def failed_too_many(summary: dict) -> bool:
+    """More than half of the initializations failed."""
+    return summary["n_failed"] * 2 > summary["n_inits"]
+
+
+def failure_line(summary: dict) -> str | None:
+    """One line with the failed initializations by reason, and the hint for the commonest."""
+    failed = {k.removeprefix("failed_"): v for k, v in summary.items() if k.startswith("failed_") and v}
+    if not failed:
+        return None
+    reasons = ", ".join(f"{name}: {k}" for name, k in failed.items())
+    worst = max(failed, key=failed.get)
+    codes = {v: k for k, v in status.NAMES.items()}
+    hint = status.HINTS.get(codes.get(worst), "")
+    total = summary["n_failed"]
+    return f"failed {total} of {summary['n_inits']} inits ({reasons})" + (f"; hint: {hint}" if hint else "")
+
+
+def result_line(config: SweepConfig, summary: dict) -> str:
+    """The one line the CLI prints."""
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.3g}"
+
+    level = 0.9 if 0.9 in config.levels else config.levels[-1]
+    horizon = f"t={config.t1:.3g}" if config.method == "flow" else f"{config.steps} steps lr={config.lr:g}"
+    return (
+        f"{config.norm}/{config.objective} {config.method} to {horizon}: "
+        f"{summary['n_inits']} inits, {summary['n_failed']} failed | "
+        f"median t({level:g}) {num(summary.get(f'median_time_to_{level:g}'))} "
+        f"(reached {pct(summary.get(f'fraction_reached_{level:g}'))}), "
+        f"one-hot(>={config.threshold:g}) {pct(summary['one_hot_fraction'])}, "
+        f"median max weight {num(summary['median_max_weight'])}, "
+        f"median entropy {num(summary['median_entropy'])}, "
+        f"order preserved {pct(summary['order_preserved_fraction'])}, "
+        f"winner=argmax u0 {pct(summary['winner_is_argmax_u0_fraction'])} "
+        f"[{summary.get('wall_seconds', float('nan')):.1f} s]"
+    )
