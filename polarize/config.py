@@ -19,7 +19,6 @@ import numpy as np
 
 from .descent import save_steps
 from .errors import PolarizeError, check_choice, check_positive
-from .times import save_times
 from .hitting import LEVELS, LOSS_FRACTION, check_levels, time_names
 from .models import ValueAttention, as_key, init_ensemble
 from .normalizations import NORMALIZATIONS, AbstractNormalization, normalization
@@ -30,6 +29,7 @@ from .objectives import (
     random_direction,
     random_labels,
 )
+from .times import save_times
 
 #: objective name -> builder(key, config): the sweep's target, shared by every initialization.
 OBJECTIVES = {
