@@ -67,7 +67,7 @@ class ValueAttention(AbstractModel):
 
     V: Float[Array, "*batch dim tokens"]
     a: Float[Array, "*batch tokens"]
-    norm: AbstractNormalization = Softmax()
+    norm: AbstractNormalization = eqx.field(default_factory=Softmax)
     trainable: ClassVar[tuple[str, ...]] = ("V", "a")
     core_ndim: ClassVar[dict[str, int]] = {"V": 2, "a": 1}
 
@@ -103,7 +103,7 @@ class TiedValueAttention(AbstractModel):
 
     U: Float[Array, "*batch dim dim"]
     a: Float[Array, "*batch dim"]
-    norm: AbstractNormalization = Softmax()
+    norm: AbstractNormalization = eqx.field(default_factory=Softmax)
     trainable: ClassVar[tuple[str, ...]] = ("U", "a")
     core_ndim: ClassVar[dict[str, int]] = {"U": 2, "a": 1}
 

@@ -95,7 +95,7 @@ def test_sweep_square_gd_and_null_order_statistics(tmp_path, capsys):
             "`objective` must be one of logistic, logistic-data, square, cross-entropy",
         ),
         (["--method", "newton"], "`method` must be one of flow, gd"),
-        (["--solver", "euler"], "`solver` must be one of tsit5, dopri5, kvaerno5"),
+        (["--solver", "euler"], "`solver` must be one of auto, tsit5, dopri5, kvaerno5"),
         (["--inits", "0"], "`inits` must be a positive integer; got 0"),
         (["--tokens", "-3"], "`tokens` must be a positive integer; got -3"),
         (["--t1", "0"], "`t1` must be a positive finite number; got 0.0"),
