@@ -80,7 +80,9 @@ def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str
     """Order preservation and winner = argmax u(0), where u = V^T b (direction objectives).
 
     `order_preserved`: neither the u_j nor the logits a_j ever cross over the saved
-    times (pairs tied at a time, e.g. a(0) = 0, count as no crossing).
+    times (pairs tied at a time, e.g. a(0) = 0, count as no crossing). It is sampled
+    at the saved times, not at every solver step (summaries say so in
+    `order_checked_at`): a crossing undone between two saves is not seen.
     Returns an empty dict for objectives without a direction.
     """
     b = objective.direction()
@@ -247,6 +249,8 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
         "order_preserved_fraction": over_ok("order_preserved", np.mean),
         "winner_is_argmax_u0_fraction": over_ok("winner_is_argmax_u0", np.mean),
     }
+    if "order_preserved" in final:
+        out["order_checked_at"] = "saved times"
     if "status" in final:
         out.update({f"failed_{name}": k for name, k in counts(np.asarray(final["status"])[~ok]).items()})
     for name in final:
