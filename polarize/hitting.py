@@ -104,7 +104,10 @@ def hitting_times(
         model, objective: what `traj` integrated (batched or not), with the initial state.
         levels: max-weight levels in (0, 1]; max weight is read on p = |s| / sum |s|.
         loss_fraction: the loss level as a fraction of the initial loss (None: skip it).
-        solver, rtol, atol, max_steps: for the restarted solves; use the flow's own.
+        solver, rtol, atol, max_steps: for the restarted solves, each over one save
+            interval on the log clock. None: Tsit5, whatever method made `traj` (each
+            restart is its own exact solve to rtol/atol; the stiff default of square and
+            cross-entropy flows is not needed for the transient where levels are crossed).
 
     Returns:
         {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}, each (inits,) or a
