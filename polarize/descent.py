@@ -90,7 +90,7 @@ def descend(
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
     traj = _descend(model, objective, optimizer, marks, field, block_size)
-    ts = jnp.asarray(marks, dtype=traj.V.dtype) * (1.0 if lr is None else lr)
+    ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
     status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
     return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
 
@@ -154,14 +154,13 @@ def _descend(model, objective, optimizer, marks, system, block_size):
 
     def finish(block):
         (model, objective), ys = eqx.combine(block[0], static), block[1]
-        trainable = system.trainable(ys, model, objective)
-        weights, loss = observe(model, objective, trainable)
-        ok = all_finite((trainable, weights, loss))
-        return trainable, weights, loss, ok, jnp.where(ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
+        path, a = system.value_path(ys, model, objective)
+        weights, loss = observe(model, objective, path, a)
+        ok = all_finite((path, a, weights, loss))
+        return path, a, weights, loss, ok, jnp.where(ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
 
-    (V, a), weights, loss, ok, status = ensembles.blockwise(finish, (dynamic, states), block_size=block_size)
-    if single:
-        V, a, weights, loss, ok, status = (x[0] for x in (V, a, weights, loss, ok, status))
-    ts = jnp.asarray(marks, dtype=V.dtype)
+    out = ensembles.blockwise(finish, (dynamic, states), block_size=block_size)
+    V, a, weights, loss, ok, status = jax.tree.map(lambda x: x[0], out) if single else out
+    ts = jnp.asarray(marks, dtype=a.dtype)
     step_index = jnp.asarray(marks, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
     return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)

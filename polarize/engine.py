@@ -280,7 +280,11 @@ def _batched_solver(
         def write(saved, index, mask, y):
             index = jnp.where(mask, index, n_save)  # masked rows write out of bounds: dropped
             return jax.tree.map(
-                lambda buf, x: buf.at[rows, index].set(jnp.moveaxis(x, axis, 0), mode="drop"), saved, y
+                lambda buf, x: buf.at[rows, index].set(
+                    jnp.moveaxis(x, axis, 0), mode="drop", unique_indices=True, indices_are_sorted=True
+                ),
+                saved,
+                y,
             )
 
         saved = jax.tree.map(

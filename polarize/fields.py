@@ -36,6 +36,7 @@ from .ensembles import Precision, at_precision, ensemble_size, float_dtype
 from .errors import PolarizeError, check_choice, check_positive
 from .models import AbstractModel, ValueAttention, params, with_params
 from .objectives import AbstractDataObjective, AbstractObjective
+from .trajectory import ValuePath
 
 Path = Literal["auto", "autodiff", "analytic", "reduced", "span"]
 
@@ -59,8 +60,9 @@ class AbstractField(eqx.Module):
     """dy/dt for one initialization in coordinates y, and the way between y and (V, a).
 
     `constants` are per-initialization arrays the field reuses at every evaluation,
-    `initial` maps the model to y(0), `trainable` maps saved states back to the
-    trainable arrays. `euclidean` is True when y is the trainable arrays themselves,
+    `initial` maps the model to y(0), `value_path` maps saved states back to the
+    trainable arrays (V kept in the field's own subspace, see `ValuePath`).
+    `euclidean` is True when y is the trainable arrays themselves,
     so that any optimizer (not only plain gradient descent) may step in y.
     """
 
@@ -84,9 +86,10 @@ class AbstractField(eqx.Module):
     def __call__(self, y, model, objective, constants=None) -> PyTree:
         return self.field(y, model, objective, constants)
 
-    def trainable(self, ys: PyTree, model: AbstractModel, objective: AbstractObjective) -> tuple:
-        """The trainable arrays at every saved time (leading axis) from the saved states ys."""
-        return ys
+    def value_path(self, ys: PyTree, model: AbstractModel, objective: AbstractObjective) -> tuple:
+        """(values as a `ValuePath`, logits) at every saved time (leading axis) from the saved states ys."""
+        V, a = ys
+        return ValuePath(coords=V), a
 
 
 class Autodiff(AbstractField):
@@ -135,12 +138,13 @@ class Reduced(AbstractField):
         e = objective.residual(jnp.dot(u, s))
         return (bb * e * s, e * model.norm.vjp(a, u))
 
-    def trainable(self, ys, model, objective):
+    def value_path(self, ys, model, objective):
         u, a = ys
         b = objective.direction()
         u0 = model.V.T @ b
-        V = model.V[None] + b[None, :, None] * ((u - u0[None]) / jnp.dot(b, b))[:, None, :]
-        return (V, a)
+        return ValuePath(
+            coords=((u - u0[None]) / jnp.dot(b, b))[:, None, :], offset=model.V, basis=b[:, None]
+        ), a
 
 
 class Span(AbstractField):
@@ -169,9 +173,9 @@ class Span(AbstractField):
         f = Z0.T @ e + W.T @ (K @ e)  # fitness V^T r = (Z0 + K W)^T e
         return (jnp.outer(e, s), model.norm.vjp(a, f))
 
-    def trainable(self, ys, model, objective):
+    def value_path(self, ys, model, objective):
         W, a = ys
-        return (model.V[None] + jnp.einsum("nd,tnk->tdk", objective.X, W), a)
+        return ValuePath(coords=W, offset=model.V, basis=objective.X.T), a
 
 
 class Modified(AbstractField):
@@ -198,8 +202,8 @@ class Modified(AbstractField):
         _, curvature = jax.jvp(f, (y,), (dy,))
         return jax.tree.map(lambda d, c: d - 0.5 * self.lr * c, dy, curvature)
 
-    def trainable(self, ys, model, objective):
-        return self.base.trainable(ys, model, objective)
+    def value_path(self, ys, model, objective):
+        return self.base.value_path(ys, model, objective)
 
 
 #: The registry: each `path` name and its field class, written once.

@@ -181,13 +181,13 @@ def _integrate(
 
     def finish(model, objective, solved):
         ys, status = solved
-        trainable = field.trainable(ys, model, objective)
-        weights, loss = observe(model, objective, trainable)
-        finite = all_finite((trainable, weights, loss))
+        path, a = field.value_path(ys, model, objective)
+        weights, loss = observe(model, objective, path, a)
+        finite = all_finite((path, a, weights, loss))
         status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
-        return trainable, weights, loss, status
+        return path, a, weights, loss, status
 
-    (V, a), weights, loss, status = over_inits(
+    V, a, weights, loss, status = over_inits(
         finish, model, objective, per_init=(solution.ys, solution.status), block_size=block_size
     )
     ok = status == codes.OK

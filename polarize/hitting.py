@@ -119,7 +119,7 @@ def hitting_times(
         raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
     solver = diffrax.Tsit5() if solver is None else solver
     names = time_names(levels, loss_fraction)
-    per_init = (traj.V, traj.a, traj.weights, traj.loss, traj.ok)
+    per_init = (traj.value_path, traj.a, traj.weights, traj.loss, traj.ok)
     if not traj.batched:
         per_init = jax.tree.map(lambda x: x[None], per_init)
     targets = _targets(levels, loss_fraction)
@@ -142,13 +142,13 @@ def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_st
     obj_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), obj_dyn)
 
     def one(args):
-        model_dyn, obj_dyn, (V, a, weights, loss, ok) = args
+        model_dyn, obj_dyn, (path, a, weights, loss, ok) = args
         model, objective = eqx.combine(model_dyn, model_static), eqx.combine(obj_dyn, obj_static)
         return _first_crossings(
             model,
             objective,
             ts,
-            V,
+            path,
             a,
             weights,
             loss,
@@ -182,7 +182,9 @@ def _gap_of_one(t, y, args, **kwargs):
     return _gaps(model, objective, y, kind, value)
 
 
-def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, solver, rtol, atol, max_steps):
+def _first_crossings(
+    model, objective, ts, path, a, weights, loss, ok, targets, solver, rtol, atol, max_steps
+):
     """Hitting times of one initialization (one entry per target)."""
     kinds, values = targets[0], _levels(*targets, loss[0])
     max_weight = jnp.max(distribution(weights), axis=-1)
@@ -197,7 +199,7 @@ def _first_crossings(model, objective, ts, V, a, weights, loss, ok, targets, sol
     stop = jnp.where(needs_solve, k, 1)
 
     def locate(kind, value, start, stop):
-        y0 = (V[start], a[start])
+        y0 = (path.at(start), a[start])
         tau0, tau1 = jnp.log1p(ts[start]), jnp.log1p(ts[stop])
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(_field),

@@ -15,7 +15,7 @@ from jaxtyping import Array, Float
 
 from .ensembles import blockwise
 from .objectives import AbstractObjective
-from .trajectory import Trajectory
+from .trajectory import Trajectory, ValuePath
 
 #: Per-time series computed for every initialization, shape (*inits, times).
 SERIES = ("max_weight", "entropy", "eff_tokens", "winner", "top_share", "loss")
@@ -69,11 +69,11 @@ def weight_series(weights: Float[Array, "... tokens"]) -> dict[str, Array]:
 
 def series(traj: Trajectory) -> dict[str, Array]:
     """Per-time statistics of every initialization (see `SERIES`), each (*inits, times)."""
-    return _series_of(traj.V, traj.weights, traj.loss)
+    return _series_of(traj.value_path, traj.weights, traj.loss)
 
 
-def _series_of(V, weights, loss) -> dict[str, Array]:
-    return {**weight_series(weights), "top_share": top_singular_share(V), "loss": loss}
+def _series_of(path: ValuePath, weights, loss) -> dict[str, Array]:
+    return {**weight_series(weights), "top_share": top_singular_share(path.dense()), "loss": loss}
 
 
 def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str, Array]:
@@ -86,17 +86,17 @@ def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str
     Returns an empty dict for objectives without a direction.
     """
     b = objective.direction()
-    if b is None or traj.a.shape[-1] != traj.V.shape[-1]:
+    if b is None or traj.a.shape[-1] != traj.value_path.shape[-1]:
         return {}
     if not traj.batched:
         return {k: v[0] for k, v in order_statistics(_as_batch(traj), objective).items()}
-    b = jnp.broadcast_to(b, traj.V.shape[:1] + b.shape[-1:])
-    return jax.vmap(_order_flags)(traj.V, traj.a, traj.weights, b)
+    b = jnp.broadcast_to(b, traj.ok.shape + b.shape[-1:])
+    return jax.vmap(_order_flags)(traj.value_path, traj.a, traj.weights, b)
 
 
-def _order_flags(V, a, weights, b) -> dict[str, Array]:
+def _order_flags(path: ValuePath, a, weights, b) -> dict[str, Array]:
     """The order statistics of one initialization (times first)."""
-    u = jnp.einsum("tdk,d->tk", V, b)
+    u = path.project(b)
     winner = jnp.argmax(distribution(weights[-1]), axis=-1)
     return {
         "order_preserved": _never_crosses(u) & _never_crosses(a),
@@ -117,32 +117,34 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
     """
     n = traj.ok.shape[0]
     b = objective.direction()
-    flags = b is not None and traj.a.shape[-1] == traj.V.shape[-1]
-    b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.V.dtype)
+    flags = b is not None and traj.a.shape[-1] == traj.value_path.shape[-1]
+    b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.a.dtype)
     keep = None if keep is None else np.asarray(keep)
-    return _final_by_block(traj.V, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
+    return _final_by_block(traj.value_path, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
 
 
 @eqx.filter_jit
-def _final_by_block(V, a, weights, loss, ok, b, flags, keep):
+def _final_by_block(path, a, weights, loss, ok, b, flags, keep):
     def one(arrays):
-        V, a, weights, loss, ok, b = arrays
+        path, a, weights, loss, ok, b = arrays
         # failed states are replaced by a finite stand-in, and their numbers by NaN
-        V, a, weights, loss = (jnp.where(ok, x, jnp.zeros_like(x)) for x in (V, a, weights, loss))
-        # over all saved times, then the last: the same program as `summarize`, so the
-        # same numbers to the last bit
+        path, a, weights, loss = jax.tree.map(
+            lambda x: jnp.where(ok, x, jnp.zeros_like(x)), (path, a, weights, loss)
+        )
+        # the weight statistics over all saved times, then the last: the same program
+        # as `summarize`, so the same numbers to the last bit
         every = weight_series(weights)
         out = {f"final_{k}": v[-1] for k, v in every.items()}
-        out["final_top_share"] = top_singular_share(V[-1])
+        out["final_top_share"] = top_singular_share(path.at(-1))
         out["final_loss"] = loss[-1]
         if flags:
-            out.update({f"final_{k}": v for k, v in _order_flags(V, a, weights, b).items()})
+            out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b).items()})
         if keep is not None:
             out["snap_max_weight"] = every["max_weight"][keep].astype(jnp.float32)
             out["snap_entropy"] = every["entropy"][keep].astype(jnp.float32)
         return {k: _failed(v, ok) for k, v in out.items()}
 
-    return blockwise(one, (V, a, weights, loss, ok, b))
+    return blockwise(one, (path, a, weights, loss, ok, b))
 
 
 def _failed(x, ok):
@@ -158,7 +160,7 @@ def _failed(x, ok):
 def _series_by_block(traj: Trajectory) -> dict:
     # per initialization in the fixed-block program, so a statistic never depends
     # on which other initializations shared the batch (see `polarize.ensembles`)
-    return blockwise(lambda arrays: _series_of(*arrays), (traj.V, traj.weights, traj.loss))
+    return blockwise(lambda arrays: _series_of(*arrays), (traj.value_path, traj.weights, traj.loss))
 
 
 def _as_batch(traj: Trajectory) -> Trajectory:

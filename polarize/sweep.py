@@ -62,7 +62,9 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     """
 
     # per-initialization fields only (descent's `steps` are the shared saved step indices)
-    fields = ("V", "a", "weights", "loss", "ok", "status") + (("steps",) if config.method == "flow" else ())
+    fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
+        ("steps",) if config.method == "flow" else ()
+    )
 
     def solved(model, objective):
         traj = solve(config, model, objective)
@@ -70,7 +72,8 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats}
 
     out = over_devices(solved, model, objective, devices)
-    traj = Trajectory(ts=jnp.asarray(config.times()), **out["traj"])
+    parts = out["traj"]
+    traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
     out = dict(out["stats"])
     if config.method == "flow":
         out.update(

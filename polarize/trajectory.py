@@ -5,27 +5,102 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from .models import with_params
+from .models import ValueAttention, with_params
+
+
+class ValuePath(eqx.Module):
+    """The value matrix at every saved time, stored as V(t) = offset + basis @ coords(t).
+
+    The reduced vector fields move V only inside a fixed subspace: along b for a loss
+    of one direction (rank 1), in the data's row span for a dataset loss (rank =
+    samples). A trajectory then keeps rank x tokens numbers per saved time instead of
+    dim x tokens, and `dense()` rebuilds V exactly when it is asked for. Without
+    `basis`, `coords` is V itself (times, dim, tokens). Every leaf carries the inits
+    axis of a batched trajectory, so slicing the trajectory slices this too.
+    """
+
+    coords: Float[Array, "*inits times rank tokens"]
+    offset: Float[Array, "*inits dim tokens"] | None = None
+    basis: Float[Array, "*inits dim rank"] | None = None
+
+    @property
+    def dtype(self):
+        return self.coords.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of `dense()`: (*inits, times, dim, tokens)."""
+        if self.basis is None:
+            return self.coords.shape
+        return self.coords.shape[:-2] + self.basis.shape[-2:-1] + self.coords.shape[-1:]
+
+    def dense(self) -> Float[Array, "*inits times dim tokens"]:
+        """V at every saved time."""
+        if self.basis is None:
+            return self.coords
+        step = jnp.einsum("...dr,...trk->...tdk", self.basis, self.coords)
+        return self.offset[..., None, :, :] + step
+
+    def at(self, index) -> Float[Array, "*inits dim tokens"]:
+        """V at saved time `index` (an int or a traced scalar), without the other times."""
+        if self.basis is None:
+            return self.coords[..., index, :, :]
+        return self.offset + jnp.einsum("...dr,...rk->...dk", self.basis, self.coords[..., index, :, :])
+
+    def project(self, b: Float[Array, "*inits dim"]) -> Float[Array, "*inits times tokens"]:
+        """b^T V(t) at every saved time (u = V^T b for a direction b), from the factors."""
+        if self.basis is None:
+            return jnp.einsum("...tdk,...d->...tk", self.coords, b)
+        u0 = jnp.einsum("...dk,...d->...k", self.offset, b)
+        along = jnp.einsum("...d,...dr->...r", b, self.basis)
+        return u0[..., None, :] + jnp.einsum("...trk,...r->...tk", self.coords, along)
+
+    def apply(self, s: Float[Array, "*inits times tokens"]) -> Float[Array, "*inits times dim"]:
+        """V(t) s(t) at every saved time, from the factors."""
+        if self.basis is None:
+            return jnp.einsum("...tdk,...tk->...td", self.coords, s)
+        base = jnp.einsum("...dk,...tk->...td", self.offset, s)
+        return base + jnp.einsum("...dr,...trk,...tk->...td", self.basis, self.coords, s)
 
 
 class Trajectory(eqx.Module):
     """Saved states. Arrays are (inits, times, ...) for a batched model, (times, ...) otherwise.
 
     `ts` are the times (shared by all initializations): flow time, or steps x lr for
-    descent. `status` holds a `polarize.status` code per initialization (OK,
+    descent. `V` is the values (U for the tied model) at the saved times, rebuilt on
+    access from `value_path` (a `ValuePath`, which the statistics read without
+    rebuilding). `status` holds a `polarize.status` code per initialization (OK,
     MAX_STEPS, SOLVER_FAILED, NONFINITE, DIVERGED) and `ok` is `status == OK`.
     `steps` is the step index (descent) or the number of accepted solver steps
     (flow, per initialization).
     """
 
     ts: Float[Array, " times"]
-    V: Float[Array, "*inits times dim tokens"]
+    value_path: ValuePath
     a: Float[Array, "*inits times logits"]
     weights: Float[Array, "*inits times tokens"]
     loss: Float[Array, "*inits times"]
     ok: Bool[Array, "*inits"]
     status: Int[Array, "*inits"]
-    steps: Int[Array, "*inits times"] | Int[Array, "*inits"] | None = None
+    steps: Int[Array, "*inits times"] | Int[Array, "*inits"] | None
+
+    def __init__(self, ts, V, a, weights, loss, ok, status, steps=None):
+        """`V`: the values at the saved times, as an array or a `ValuePath`."""
+        self.ts = ts
+        self.value_path = V if isinstance(V, ValuePath) else ValuePath(coords=V)
+        self.a, self.weights, self.loss, self.ok, self.status, self.steps = (
+            a,
+            weights,
+            loss,
+            ok,
+            status,
+            steps,
+        )
+
+    @property
+    def V(self) -> Float[Array, "*inits times dim tokens"]:
+        """The values at every saved time (built from `value_path`)."""
+        return self.value_path.dense()
 
     @property
     def batched(self) -> bool:
@@ -37,17 +112,24 @@ class Trajectory(eqx.Module):
 
     def final(self, model):
         """The model at the last saved time (batched like the input model)."""
-        return with_params(model, (self.V[..., -1, :, :], self.a[..., -1, :]))
+        return with_params(model, (self.value_path.at(-1), self.a[..., -1, :]))
 
 
-def observe(model, objective, trainable_ts):
-    """Weights and loss of one initialization along saved trainable arrays (time first)."""
+def observe(model, objective, path: ValuePath, a) -> tuple:
+    """Weights and loss of one initialization at every saved time (times first).
+
+    A factored `path` (a `ValueAttention` in reduced coordinates) gives beta = V(t) s(t)
+    from its factors; otherwise the model is rebuilt at each time.
+    """
+    if path.basis is not None and isinstance(model, ValueAttention):
+        weights = jax.vmap(model.norm)(a)
+        return weights, jax.vmap(objective)(path.apply(weights))
 
     def at_time(p):
         m = with_params(model, p)
         return m.weights(), objective(m())
 
-    return jax.vmap(at_time)(trainable_ts)
+    return jax.vmap(at_time)((path.dense(), a))
 
 
 def all_finite(tree) -> Bool[Array, ""]:

@@ -80,7 +80,7 @@ def test_start_and_failed_inits(solved):
     # a failed initialization gets NaN, the others keep their numbers
     failed = pz.Trajectory(
         ts=traj.ts,
-        V=traj.V,
+        V=traj.value_path,
         a=traj.a,
         weights=traj.weights,
         loss=traj.loss,
