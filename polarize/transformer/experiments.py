@@ -17,7 +17,6 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import sinks
@@ -113,9 +112,10 @@ class Config:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in fields})
 
 
+# a toy budget (64 steps of 32 sequences, 2 seeds) that runs the whole pipeline in seconds
 _SMALL = dict(
-    layers=(2,), heads=(2,), lrs=(3e-3,), seeds=2, epochs=2, train_size=2048,
-    batch=64, width=16, test_size=128, record_every=16, probe_size=64,
+    layers=(2,), heads=(2,), lrs=(3e-3,), seeds=2, epochs=2, train_size=1024,
+    batch=32, width=16, test_size=128, record_every=16, probe_size=64,
 )  # fmt: skip
 PRESETS: dict[str, dict[str, Config]] = {
     "induction": {
@@ -222,30 +222,75 @@ def _without_versions(stored: dict) -> dict:
     return {k: v for k, v in stored.items() if k != "versions"}
 
 
-def train_variant(config: Config, v: dict, keys) -> list[dict]:
-    """Train variant `v` for the seeds whose keys are `keys[seeds, 4]`; one result per seed."""
-    task = config.make_task()
-    k_init, k_data, k_shuffle, k_test = (keys[:, i] for i in range(4))
-
+def _make_models(keys, task, width: int, layers: int, heads: int, norm: str, positions: str):
     def make(key):
         return Transformer(
             task.vocab,
             task.out_vocab,
-            width=config.width,
-            layers=v["layers"],
-            heads=v["heads"],
-            norm=v["norm"],
+            width=width,
+            layers=layers,
+            heads=heads,
+            norm=norm,
             causal=task.causal,
-            positions=config.positions,
+            positions=positions,
             key=key,
         )
 
-    models = train.stack_models(make, k_init)
-    data = jax.vmap(lambda k: task.data(k, config.train_size))(k_data)
+    return train.stack_models(make, keys)
+
+
+def init_models(keys, task, width: int, layers: int, heads: int, norm: str, positions: str) -> Transformer:
+    """`Transformer`s for `keys[seeds]`, stacked, as `train.stack_models` makes them.
+
+    A map without parameters or output gate (softmax, sigmoid, linear, ...) leaves the
+    model's parameters what softmax's are from the same keys (the map is drawn from a key
+    of its own): such models are softmax's with their map swapped in, so one compiled
+    initialization serves them all.
+    """
+    args = (task, width, layers, heads)
+    # traced, not run: a map with parameters shows them as shapes
+    attend = eqx.filter_eval_shape(make_attention, norm, heads=heads, head_dim=width // heads, key=keys[0])
+    if norm == "softmax" or attend.output_gate or jax.tree.leaves(eqx.filter(attend, _is_shape)):
+        return _make_models_jit(keys, *args, norm, positions)
+    models = _make_models_jit(keys, *args, "softmax", positions)
+    return eqx.tree_at(lambda m: [b.attention.attend for b in m.blocks], models, [attend] * layers)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _datasets(k_data, k_test, task, train_size: int, probe_size: int):
+    data = jax.vmap(lambda k: task.data(k, train_size))(k_data)
     # a fixed probe set per seed, drawn apart from the training and test sets
-    probe = jax.vmap(lambda k: task.data(k, config.probe_size))(
-        jax.vmap(lambda k: jax.random.fold_in(k, 1))(k_test)
-    )
+    probe = jax.vmap(lambda k: task.data(jax.random.fold_in(k, 1), probe_size))(k_test)
+    return data, probe
+
+
+def _evaluate(models, keys, task, n: int):
+    return eqx.filter_vmap(lambda m, k: task.evaluate(m, k, n))(models, keys)
+
+
+def _unit_keys(seed: int, todo):
+    """Run `s` uses `fold_in(key(seed), s)` alone, split for init, data, shuffling, test."""
+    base = jax.random.key(seed)
+    return jax.vmap(lambda s: jax.random.split(jax.random.fold_in(base, s), 4))(todo)
+
+
+# compiled once per process and distinct static input: the data and the keys are shared by
+# every variant, the models and the evaluation by every variant of one model structure
+_make_models_jit = train.filter_jit(_make_models)
+_datasets_jit = train.filter_jit(_datasets)
+_evaluate_jit = train.filter_jit(_evaluate)
+_unit_keys_jit = train.filter_jit(_unit_keys)
+
+
+def train_variant(config: Config, v: dict, keys) -> list[dict]:
+    """Train variant `v` for the seeds whose keys are `keys[seeds, 4]`; one result per seed."""
+    task = config.make_task()
+    k_init, k_data, k_shuffle, k_test = (keys[:, i] for i in range(4))
+    models = init_models(k_init, task, config.width, v["layers"], v["heads"], v["norm"], config.positions)
+    data, probe = _datasets_jit(k_data, k_test, task, config.train_size, config.probe_size)
     models, history = train.fit(
         models,
         task,
@@ -258,10 +303,12 @@ def train_variant(config: Config, v: dict, keys) -> list[dict]:
         record_every=config.record_every,
         probe_data=probe,
     )
+    # per-seed slices in NumPy: an eager slice of a device array is one more compile
+    metrics = jax.tree.map(np.asarray, _evaluate_jit(models, k_test, task, config.test_size))
+    history = jax.tree.map(np.asarray, history)
     results = []
     for s in range(keys.shape[0]):
-        model = jax.tree.map(lambda a: a[s] if eqx.is_array(a) else a, models)
-        result = task.evaluate(model, k_test[s], config.test_size)
+        result = {k: val[s] for k, val in metrics.items()}
         result.update({f"history_{k}": val[s] for k, val in history.items() if k != "step"})
         results.append(dict(result, history_step=history["step"]))
     return results
@@ -271,13 +318,12 @@ def run(config: Config, out, *, overwrite: bool = False, log: Callable = print) 
     """Train every unfinished (variant, seed) of `config` into `out`; return the summary."""
     out = Path(out)
     prepare(out, config, overwrite)
-    base = jax.random.key(config.seed)
     for v in variants(config):
         todo = [s for s in range(config.seeds) if not (out / "units" / f"{unit_name(v, s)}.npz").exists()]
         if not todo:
             continue
         start, cpu = time.perf_counter(), time.process_time()
-        keys = jnp.stack([jax.random.split(jax.random.fold_in(base, s), 4) for s in todo])
+        keys = _unit_keys_jit(config.seed, np.asarray(todo, np.int32))
         for s, result in zip(todo, train_variant(config, v, keys)):
             arrays = {k: np.asarray(val) for k, val in result.items()}
             write_npz(out / "units" / f"{unit_name(v, s)}.npz", dict(arrays, seed=np.asarray(s)))
