@@ -6,6 +6,7 @@ import inspect
 import json
 import math
 import re
+import shutil
 
 import equinox as eqx
 import jax
@@ -195,20 +196,25 @@ def test_positions(positions):
         assert np.allclose(logits, model(x), atol=1e-6)
 
 
-@pytest.mark.parametrize("aux", [0.0, 0.2, 1.5])
-def test_induction_loss_weights_the_other_positions(aux):
-    task = train.Induction(aux_weight=aux)
+@train.filter_jit
+def _logits_and_loss(task):
+    """One compiled program for every `aux_weight` (an array in `task`)."""
     model = Transformer(task.vocab, task.vocab, width=8, heads=2, key=jax.random.key(3))
     x, y = task.data(jax.random.key(4), 3)
-    logits = np.asarray(jax.vmap(model)(x), float)
-    y = np.asarray(y)
+    return y, jax.vmap(model)(x), task.loss(model, x, y)
+
+
+@pytest.mark.parametrize("aux", [0.0, 0.2, 1.5])
+def test_induction_loss_weights_the_other_positions(aux):
+    y, logits, loss = _logits_and_loss(train.Induction(aux_weight=jnp.asarray(aux, jnp.float32)))
+    logits, y = np.asarray(logits, float), np.asarray(y)
     ce = np.zeros(y.shape)
     for b in range(y.shape[0]):
         for t in range(y.shape[1]):
             row = logits[b, t]
             ce[b, t] = math.log(sum(math.exp(v - row.max()) for v in row)) + row.max() - row[y[b, t]]
     want = ce[:, -1].mean() + aux * ce[:, :-1].mean()
-    assert np.isclose(float(task.loss(model, x, jnp.asarray(y))), want, rtol=1e-5)
+    assert np.isclose(float(loss), want, rtol=1e-5)
 
 
 def test_induction_data_invariants():
@@ -252,25 +258,51 @@ def test_classification_data_and_attack_invariants():
 
 
 def test_tiny_model_learns_induction_and_records_probes():
+    # induction over 20 tokens with 5 per sequence: learned in 210 steps at width 32
     keys = jax.random.split(jax.random.key(8), 1)
-    task = train.Induction(shift_query=False)
-    models = train.stack_models(lambda k: Transformer(task.vocab, task.vocab, width=64, heads=4, key=k), keys)
-    data = jax.vmap(lambda k: task.data(k, 256 * 70))(keys)
-    probe = jax.vmap(lambda k: task.data(k, 32))(keys)
+    task = train.Induction(vocab_size=20, length=5, shift_query=False)
+
+    @train.filter_jit
+    def setup(keys):
+        models = train.stack_models(
+            lambda k: Transformer(task.vocab, task.vocab, width=32, heads=4, key=k), keys
+        )
+        data = jax.vmap(lambda k: task.data(k, 128 * 70))(keys)
+        probe = jax.vmap(lambda k: task.data(k, 32))(keys)
+        return models, data, probe
+
+    @train.filter_jit
+    def accuracy_and_maps(models, px):
+        x, y = task.data(jax.random.key(9), 500)
+        correct = lambda m: jnp.mean(jnp.argmax(jax.vmap(m)(x)[:, -1], -1) == y[:, -1])
+        maps = lambda m: jax.vmap(m.forward)(px)[1]
+        return eqx.filter_vmap(correct)(models), eqx.filter_vmap(maps)(models)
+
+    models, data, probe = setup(keys)
     models, hist = train.fit(
-        models, task, data, keys, lr=3e-3, epochs=3, batch=256, record_every=50, probe_data=probe
+        models, task, data, keys, lr=3e-3, epochs=3, batch=128, record_every=50, probe_data=probe
     )
-    x, y = task.data(jax.random.key(9), 500)
-    acc = eqx.filter_vmap(lambda m: jnp.mean(jnp.argmax(jax.vmap(m)(x)[:, -1], -1) == y[:, -1]))(models)
+    acc, maps = accuracy_and_maps(models, probe[0][0])
     assert list(hist["step"]) == [0, 50, 100, 150, 200, 210]
     assert hist["loss"].shape == (1, 6) and np.isnan(hist["loss"][0, 0])
     assert hist["loss"][0, -1] < hist["loss"][0, 1]
     assert hist["bos_score"].shape == (1, 6, 2, 4) and hist["accuracy"].shape == (1, 6)
-    assert np.all(np.asarray(acc) > 0.8), acc  # chance is 1/100; guessing from context 1/10
+    assert np.all(np.asarray(acc) > 0.8), acc  # chance is 1/20; guessing from context 1/5
     # the last probe is the trained model's score on the probe set
-    model = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, models)
-    maps = jax.vmap(model.forward)(probe[0][0])[1]
-    assert np.allclose(hist["bos_score"][0, -1], np.mean(sinks.bos_score(maps), 0), atol=1e-6)
+    assert np.allclose(hist["bos_score"][0, -1], np.mean(sinks.bos_score(maps[0]), 0), atol=1e-6)
+
+
+def test_models_of_maps_without_parameters_share_the_initialization():
+    """`init_models` gives every map what its own initialization gives, whether the
+    arrays are softmax's (sigmoid: no parameters) or its own (softmax-sink: a sink logit)."""
+    task = train.Induction()
+    keys = jax.random.split(jax.random.key(4), 2)
+    for norm in ("sigmoid", "softmax-sink"):
+        shared = experiments.init_models(keys, task, 4, 1, 1, norm, "add")
+        own = experiments._make_models_jit(keys, task, 4, 1, 1, norm, "add")
+        assert jax.tree.structure(shared) == jax.tree.structure(own)
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(own)))
+    assert isinstance(shared.blocks[0].attention.attend.sigma.sink, jax.Array)
 
 
 def test_bad_model_input_messages():
@@ -298,18 +330,30 @@ def polarize_main(argv: list[str]) -> int:
         return 2
 
 
-def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
-    out = tmp_path / "ind"
-    argv = ["induction", "--small", "--norms", "softmax", "--seeds", "2", "--out", str(out)]
-    assert polarize_main(argv) == 0
-    summary = json.loads((out / "summary.json").read_text())
+SMALL_SOFTMAX = ["induction", "--small", "--norms", "softmax", "--seeds", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One `polarize induction --small` run (softmax, 2 seeds) for the tests that read or
+    resume a result directory; a test that changes it works on a copy."""
+    out = tmp_path_factory.mktemp("small") / "ind"
+    assert polarize_main(SMALL_SOFTMAX + ["--out", str(out)]) == 0
+    return out
+
+
+def test_induction_cli_resumes_and_refuses(small_run, tmp_path, capsys):
+    summary = json.loads((small_run / "summary.json").read_text())
     assert summary["units"] == summary["expected_units"] == 2
     assert {"softmax"} == set(summary["by_norm"])
-    assert (out / "induction.png").stat().st_size > 0 and (out / "attention_maps.png").exists()
-    assert (out / "emergence.png").stat().st_size > 0
-    config = json.loads((out / "config.json").read_text())
+    assert (small_run / "induction.png").stat().st_size > 0 and (small_run / "attention_maps.png").exists()
+    assert (small_run / "emergence.png").stat().st_size > 0
+    config = json.loads((small_run / "config.json").read_text())
     assert config["versions"]["jax"] == jax.__version__ and config["norms"] == ["softmax"]
     assert Config.from_json(config) == make_config("induction", "small", norms=["softmax"], seeds=2)
+    out = tmp_path / "ind"
+    shutil.copytree(small_run, out)
+    argv = SMALL_SOFTMAX + ["--out", str(out)]
     first, second = (out / "units" / f"softmax_L2_H2_lr0.003_s{s}.npz" for s in (0, 1))
     before, trained_beside = first.stat().st_mtime_ns, storage.read_npz(second)
     second.unlink()  # as if interrupted: the rerun trains seed 1 alone
@@ -321,22 +365,18 @@ def test_induction_cli_resumes_and_refuses(tmp_path, capsys):
     )
     assert np.allclose(trained_alone["sink_score"], trained_beside["sink_score"], atol=1e-4)
     capsys.readouterr()
-    assert polarize_main(argv[:-3] + ["1", "--out", str(out)]) == 2
+    assert polarize_main(SMALL_SOFTMAX[:-1] + ["1", "--out", str(out)]) == 2
     assert re.search("`--out` .* holds a different config.*--overwrite", capsys.readouterr().out)
-    argv[3], argv[5] = "sigmoid", "1"
-    assert polarize_main(argv + ["--overwrite"]) == 0
+    assert polarize_main(SMALL_SOFTMAX[:-1] + ["1", "--lr", "0.01", "--out", str(out), "--overwrite"]) == 0
     assert json.loads((out / "summary.json").read_text())["units"] == 1
+    assert (out / "units" / "softmax_L2_H2_lr0.01_s0.npz").exists()
     assert not first.exists()  # the old config's units are gone
 
 
-def test_sinks_cli_on_the_experiments_own_maps(tmp_path, capsys):
+def test_sinks_cli_on_the_experiments_own_maps(small_run, tmp_path, capsys):
     """`polarize sinks` on a unit's stored example map prints the same alpha_0 as the lab's
     `sinks.importance`; the summary counts layer `sink_layer` only."""
-    out = tmp_path / "ind"
-    assert (
-        polarize_main(["induction", "--small", "--norms", "sigmoid", "--seeds", "1", "--out", str(out)]) == 0
-    )
-    unit = out / "units" / "sigmoid_L2_H2_lr0.003_s0.npz"
+    unit = small_run / "units" / "softmax_L2_H2_lr0.003_s0.npz"
     capsys.readouterr()
     assert polarize_main(["sinks", str(unit), "--key", "example", "--out", str(tmp_path / "u.png")]) == 0
     text = capsys.readouterr().out
@@ -347,10 +387,10 @@ def test_sinks_cli_on_the_experiments_own_maps(tmp_path, capsys):
     for layer, head, *values, flag in rows:
         assert float(values[-1]) == pytest.approx(alpha[int(layer), int(head)], abs=5e-4)
         assert (flag == "sink") == (alpha[int(layer), int(head)] > 0.3)
-    config = Config.from_json(json.loads((out / "config.json").read_text()))
-    units = experiments.load_units(config, out)
+    config = Config.from_json(json.loads((small_run / "config.json").read_text()))
+    units = experiments.load_units(config, small_run)
     shares = experiments.run_sink_shares(config, units)
-    assert np.allclose(shares, [np.mean(u["sink_score"][1] > 0.9) for u in units])
+    assert len(units) == 2 and np.allclose(shares, [np.mean(u["sink_score"][1] > 0.9) for u in units])
 
 
 def test_summary_counts_one_layer_and_qualified_runs():
