@@ -4,7 +4,8 @@ Hitting times of gradient flow are exact to the solver's tolerance, not interpol
 between saved times. The saved trajectory only brackets the first crossing: the first
 saved interval [t_{k-1}, t_k] whose end reached the level. The ODE is autonomous, so
 the solve restarts from the saved state at t_{k-1} over that one interval (on the
-clock tau = log(1 + t), like `flow`), with a diffrax `Event` whose root is located by
+clock tau = log(1 + t), like `flow`, and with flow's own vector field: in reduced
+coordinates where they apply), with a diffrax `Event` whose root is located by
 bisection on the solver's dense solution.
 
 Caveat of the bracketing: a crossing that uncrosses again between two saved times
@@ -27,10 +28,11 @@ from jaxtyping import Array, Float
 
 from .ensembles import batch_axes, blockwise, over_inits
 from .errors import PolarizeError
-from .models import AbstractModel
+from .fields import choose_field
+from .models import AbstractModel, with_params
 from .objectives import AbstractObjective
 from .statistics import distribution
-from .trajectory import Trajectory
+from .trajectory import Trajectory, observe
 
 #: Default max-weight levels.
 LEVELS = (0.5, 0.9, 0.99)
@@ -58,13 +60,9 @@ def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> li
     return names
 
 
-def _with_state(model: AbstractModel, state) -> AbstractModel:
-    return eqx.tree_at(lambda m: [getattr(m, n) for n in m.trainable], model, list(state))
-
-
 def _gaps(model, objective, state, kinds, levels):
     """g_j(state) >= 0 exactly when target j is reached: max weight - level, or level - loss."""
-    m = _with_state(model, state)
+    m = with_params(model, state)
     max_weight = jnp.max(distribution(m.weights()), axis=-1)
     loss = objective(m())
     return jnp.where(kinds == 0, max_weight - levels, levels - loss)
@@ -170,18 +168,6 @@ def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_st
 _BISECTION = optx.Bisection(rtol=1e-13, atol=1e-13, flip=False)
 
 
-def _field(tau, y, args):
-    """d theta / d tau = -(1 + t) grad L(theta), with t = exp(tau) - 1."""
-    model, objective, _, _ = args
-    grad = jax.grad(lambda y: objective(_with_state(model, y)()))(y)
-    return jax.tree.map(lambda g: -jnp.exp(tau) * g, grad)
-
-
-def _gap_of_one(t, y, args, **kwargs):
-    model, objective, kind, value = args
-    return _gaps(model, objective, y, kind, value)
-
-
 def _first_crossings(
     model, objective, ts, path, a, weights, loss, ok, targets, solver, rtol, atol, max_steps
 ):
@@ -198,20 +184,34 @@ def _first_crossings(
     start = jnp.where(needs_solve, k - 1, 0)
     stop = jnp.where(needs_solve, k, 1)
 
+    # the flow's own vector field (`fields.choose_field`), restarted from the saved state:
+    # in reduced coordinates where they apply, a fraction of the size of (V, a)
+    field = choose_field(model, objective)
+
     def locate(kind, value, start, stop):
-        y0 = (path.at(start), a[start])
+        restart = with_params(model, (path.at(start), a[start]))
+        constants = field.constants(restart, objective)
+
+        def vector_field(tau, y, args):  # d y / d tau = (1 + t) dy/dt, t = exp(tau) - 1
+            return jax.tree.map(lambda d: jnp.exp(tau) * d, field(y, restart, objective, constants))
+
+        def gap(t, y, args, **kwargs):
+            saved, logits = field.value_path(jax.tree.map(lambda x: x[None], y), restart, objective)
+            weights, loss = observe(restart, objective, saved, logits)
+            max_weight = jnp.max(distribution(weights[0]), axis=-1)
+            return jnp.where(kind == 0, max_weight - value, value - loss[0])
+
         tau0, tau1 = jnp.log1p(ts[start]), jnp.log1p(ts[stop])
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_field),
+            diffrax.ODETerm(vector_field),
             solver,
             t0=tau0,
             t1=tau1,
             dt0=None,
-            y0=y0,
-            args=(model, objective, kind, value),
+            y0=field.initial(restart, objective),
             saveat=diffrax.SaveAt(t1=True),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            event=diffrax.Event(_gap_of_one, root_finder=_BISECTION, direction=True),
+            event=diffrax.Event(gap, root_finder=_BISECTION, direction=True),
             max_steps=max_steps,
             throw=False,
         )
@@ -270,7 +270,7 @@ def _descent_first(model, objective, optimizer, steps, targets):
         def step(carry, k):
             theta, opt_state, first = carry
             first = check(first, theta, k)
-            grads = jax.grad(lambda y: objective(_with_state(model, y)()))(theta)
+            grads = jax.grad(lambda y: objective(with_params(model, y)()))(theta)
             updates, opt_state = optimizer.update(grads, opt_state, theta)
             return (optax.apply_updates(theta, updates), opt_state, first), None
 
