@@ -1,0 +1,116 @@
+"""The main job as users run it: `polarize sweep --inits 1000000` with every default.
+
+Runs the CLI in a fresh process (compilation, chunk files, summary and figures
+included), and reports its wall time, the process's peak resident memory (VmHWM,
+read by the child itself at exit) and the throughput; then the same sweep's
+per-chunk cost split into its parts (the flow solve, the final statistics, the
+hitting times), measured in this process on one piece of 1,024 initializations.
+
+    python benchmarks/sweep_million.py            # 1e6 inits (several minutes)
+    python benchmarks/sweep_million.py --quick    # 2e4 inits, does not write RESULTS.md
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._common import fmt, record, table  # noqa: E402
+
+CHILD = """
+import sys
+from polarize.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(f"PEAK_RSS_KB {hwm}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def run_cli(inits: int) -> tuple[float, float, str]:
+    """(wall s, peak RSS MiB, summary line) of `polarize sweep --inits N` with defaults."""
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, "sweep", "--inits", str(inits), "--out", out]
+            + ["--overwrite", "--no-progress"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"polarize sweep failed:\n{proc.stderr[-3000:]}")
+    peak = next(int(x.split()[1]) for x in proc.stderr.splitlines() if x.startswith("PEAK_RSS_KB"))
+    lines = [x for x in proc.stdout.splitlines() if x.strip()]
+    last = next((x for x in lines if "failed" in x), lines[-1])  # the summary line
+    return wall, peak / 1024, last
+
+
+def parts() -> list[list]:
+    """Seconds of each part of one sweep piece (1,024 inits, defaults), steady state."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from polarize import sweep
+    from polarize.config import SweepConfig
+    from polarize.hitting import hitting_times
+    from polarize.statistics import final_statistics
+
+    config = SweepConfig()
+    objective = config.build_objective()
+    model = config.build_model(0, sweep.PIECE)
+
+    def steady(fn):
+        jax.block_until_ready(fn())
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        return time.perf_counter() - start, out
+
+    solve, traj = steady(lambda: sweep.solve(config, model, objective))
+    stats, _ = steady(lambda: final_statistics(traj, objective, keep=config.snapshot_index()))
+    hit, _ = steady(
+        lambda: hitting_times(
+            traj,
+            model,
+            objective,
+            levels=config.levels,
+            loss_fraction=config.loss_fraction,
+            solver=config.build_solver(),
+            rtol=config.rtol,
+            atol=config.atol,
+            max_steps=config.max_steps,
+        )
+    )
+    whole, _ = steady(lambda: sweep.measure(config, model, objective))
+    rows = [["flow solve (64 saves)", solve], ["final statistics", stats], ["hitting times (4 levels)", hit]]
+    rows.append(["measure() in all", whole])
+    return [[name, fmt(s), fmt(1e6 * s / sweep.PIECE), fmt(100 * s / whole)] for name, s in rows]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2e4 inits; does not write RESULTS.md")
+    args = parser.parse_args(argv)
+    inits = 20_000 if args.quick else 1_000_000
+    wall, peak, last = run_cli(inits)
+    body = (
+        f"`polarize sweep --inits {inits}` with every default (logistic toy T = d = 8, t1 = 1e5, "
+        f"64 saves, hitting times, chunks of 1e4 written to disk), in a fresh process on this "
+        f"machine ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end):\n\n"
+        + table(
+            ["inits", "wall s", "inits / s", "peak RSS MiB"],
+            [[inits, fmt(wall), fmt(inits / wall), fmt(peak)]],
+        )
+        + f"\n\nIts summary line: `{last}`\n\nWhere a piece of {1024} inits spends its time (this process, "
+        "steady state, compile excluded):\n\n" + table(["part", "s", "us / init", "% of measure()"], parts())
+    )
+    record("sweep-million", "(f) The main job at 1e6 initializations", body, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
