@@ -58,12 +58,12 @@ NORMS = {
     "softmax1": (0.5, lambda c: pz.Softmax1(sink=c)),
     "sigmoid": (None, lambda c: pz.Sigmoid()),
 }
-#: One pair per objective but square, and most normalizations, run by default; the rest are `slow`.
-#: (Square runs through the stiff default; its gradient is also checked in tests/test_stiff.py.)
+#: The pairs run by default here; the rest are `slow`. Square and cross-entropy run through
+#: the stiff default, whose gradient is checked (cross-entropy with softmax, at t1 = 20 and
+#: 1e4) by test_stiff_flow_gradient_matches_fd_until_long_after_convergence.
 DEFAULT = {
     ("logistic-direction", "softmax"),
     ("logistic-data", "sigmoid"),
-    ("cross-entropy", "softmax"),
 }
 
 
@@ -130,6 +130,21 @@ def test_flow_gradient_matches_finite_differences(objective, norm):
     # Every kind of input really moves the statistic (so a dropped term would show).
     for name in grad:
         assert np.max(np.abs(ravel_pytree(grad[name])[0])) > 1e-6, name
+
+
+def test_stiff_flow_gradient_matches_fd_until_long_after_convergence():
+    """The stiff default (cross-entropy: Rosenbrock, linear clock) at t1 = 20 and t1 = 1e4.
+
+    One compiled program for both (t1 is an input): the default cross-entropy pair of
+    the test above, and the long-horizon check that tests/test_stiff.py used to compile
+    separately (the loss has converged long before t = 1e4; the solve is stiff there).
+    """
+    x = inputs("cross-entropy", "softmax")
+    grad = check_against_fd("cross-entropy", "softmax", x)
+    for name in grad:
+        assert np.max(np.abs(ravel_pytree(grad[name])[0])) > 1e-6, name
+    late = check_against_fd("cross-entropy", "softmax", x | {"t1": jnp.asarray(1e4)})
+    assert np.max(np.abs(ravel_pytree(late)[0])) > 1e-3
 
 
 def test_gradient_at_t1_1e6_is_finite_and_matches_fd():
