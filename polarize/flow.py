@@ -57,12 +57,12 @@ def flow(
         n_save: number of saved times, evenly spaced in log(1 + t), when `ts` is None.
         ts: explicit save times in [t0, t1] instead.
         solver: any diffrax solver; default `stiff.default_method`: the Rosenbrock-W
-            method of `polarize.stiff` for `Square` and `CrossEntropy` (stiff once the
-            loss converges), Tsit5 otherwise.
+            method of `polarize.stiff` for `Square` and `CrossEntropy` at long horizons
+            (stiff once the loss converges), Tsit5 otherwise.
         rtol, atol: tolerances of the PID step-size controller.
         max_steps: per-initialization cap on solver steps.
         clock: "log" integrates in tau = log(1 + t), "linear" in t itself; default
-            "linear" with the stiff default solver, else "log".
+            "linear" for `Square` and `CrossEntropy`, else "log".
         path: vector-field form, see `polarize.fields` ("auto" picks the cheapest).
         adjoint: diffrax adjoint for gradients through the solve (default: checkpointed).
         precision: "float32" or "float64" casts model and objective first; None (default)
@@ -78,7 +78,7 @@ def flow(
         model, objective, path=path, precision=precision, block_size=block_size
     )
     if solver is None:  # stiff objectives: Rosenbrock-W on the linear clock; `solver=` overrides
-        solver, default_clock = stiff.default_method(model, objective, field)
+        solver, default_clock = stiff.default_method(model, objective, field, t1)
         clock = clock or default_clock
     clock = clock or "log"
     options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)

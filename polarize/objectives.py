@@ -140,6 +140,10 @@ class Square(AbstractDataObjective):
     def residual(self, z):
         return 2 * (self.y - z)
 
+    def curvature(self) -> Array:
+        """The largest Hessian eigenvalue of L in beta: 2 sigma_max(X)^2 (over a batch: the largest)."""
+        return 2 * jnp.max(jnp.linalg.svd(self.X, compute_uv=False)) ** 2
+
 
 class CrossEntropy(AbstractObjective):
     """L = -sum_k p_k log softmax(beta)_k for a target distribution p over dim classes.
@@ -162,6 +166,11 @@ class CrossEntropy(AbstractObjective):
 
     def grad(self, beta):
         return jax.nn.softmax(beta) * jnp.sum(self.p) - self.p
+
+    def curvature(self) -> Array:
+        """A bound on the largest Hessian eigenvalue of L in beta: sum(p) (diag(q) - q q^T) has
+        eigenvalues at most sum(p) / 2 for any softmax q."""
+        return 0.5 * jnp.max(jnp.sum(self.p, axis=-1))
 
 
 def _check_data_shapes(X, y) -> None:

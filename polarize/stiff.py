@@ -24,10 +24,11 @@ Jacobian-vector products of the field itself, so the solve is exact (the same
 Jacobian as jax.jacfwd, tested against it) at a cost far below a dense
 (dim tokens + tokens)^2 Jacobian and its LU. `Dense` is the generic fallback.
 
-The default (`default_method`): Rosenbrock on the linear clock for objectives with a
-finite minimum (`Square`, `CrossEntropy`), whose flows become stiff; Tsit5 on the
-log clock for the logistic objectives, whose loss only decays like 1/t and whose
-flows stay non-stiff on that clock.
+The default (`default_method`): for objectives with a finite minimum (`Square`,
+`CrossEntropy`), whose flows become stiff, Rosenbrock on the linear clock once the
+horizon is long against the loss's curvature (`STIFF_HORIZON`), Tsit5 on the linear
+clock before that; Tsit5 on the log clock for the logistic objectives, whose loss
+only decays like 1/t and whose flows stay non-stiff on that clock.
 """
 
 from typing import ClassVar
@@ -214,14 +215,29 @@ def stiff_objective(objective) -> bool:
     return type(objective) in (Square, CrossEntropy)
 
 
-def default_method(model, objective, field: AbstractField):
+#: Explicit steps to t1 grow like c * lambda * t1 once a flow is stiff (lambda: the loss's
+#: largest curvature in beta; measured c = 0.26-0.29 for square loss, 0.14 for
+#: cross-entropy), while Rosenbrock takes ~300 steps at any horizon, each about 5x a Tsit5
+#: step (benchmarks/RESULTS.md). The default turns stiff once lambda * t1 exceeds this.
+STIFF_HORIZON = 5000.0
+
+
+def default_method(model, objective, field: AbstractField, t1=None):
     """(solver, clock) that `flow` uses when neither is given.
 
-    Rosenbrock on the linear clock for `Square` and `CrossEntropy` (stiff after the
-    loss converges; the log clock would multiply the field by 1 + t and make it
-    stiffer); Tsit5 on the log clock otherwise (logistic losses: polarization on a
-    logarithmic clock, no stiffness).
+    For `Square` and `CrossEntropy` (stiff after the loss converges): Rosenbrock on the
+    linear clock (the log clock would multiply the field by 1 + t and make it stiffer)
+    when curvature x t1 > `STIFF_HORIZON`, or when either is not a concrete number
+    (under tracing); Tsit5 on the linear clock for shorter horizons, where an explicit
+    step costs a fifth of a Rosenbrock step and few are needed. Tsit5 on the log clock
+    for the logistic objectives (polarization on a logarithmic clock, no stiffness).
     """
-    if stiff_objective(objective):
+    if not stiff_objective(objective):
+        return diffrax.Tsit5(), "log"
+    try:
+        horizon = float(objective.curvature()) * float(t1)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        horizon = np.inf  # unknown here: the method that handles any horizon
+    if horizon > STIFF_HORIZON:
         return stiff_solver(model, field), "linear"
-    return diffrax.Tsit5(), "log"
+    return diffrax.Tsit5(), "linear"

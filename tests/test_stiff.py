@@ -172,6 +172,12 @@ def test_default_method_and_override():
     model, ce = model_and_objective("cross-entropy", "softmax")
     solver, clock = stiff.default_method(model, ce, pz.fields.Analytic())
     assert isinstance(solver, stiff.Rosenbrock) and clock == "linear"
+    # the stiff method once curvature x horizon is long, an explicit one before
+    long = stiff.STIFF_HORIZON / float(ce.curvature())
+    solver, clock = stiff.default_method(model, ce, pz.fields.Analytic(), 2 * long)
+    assert isinstance(solver, stiff.Rosenbrock) and clock == "linear"
+    solver, clock = stiff.default_method(model, ce, pz.fields.Analytic(), 0.5 * long)
+    assert isinstance(solver, diffrax.Tsit5) and clock == "linear"
     solver, clock = stiff.default_method(model, pz.random_direction(0, SIZE), pz.fields.Reduced())
     assert isinstance(solver, diffrax.Tsit5) and clock == "log"
     # `solver=` overrides: explicit Tsit5 cannot reach 1e5 in 2,000 steps, and says so per init.
