@@ -58,7 +58,6 @@ def parts() -> list[list]:
     jax.config.update("jax_enable_x64", True)
     from polarize import sweep
     from polarize.config import SweepConfig
-    from polarize.hitting import hitting_times
     from polarize.statistics import final_statistics
 
     config = SweepConfig()
@@ -73,19 +72,7 @@ def parts() -> list[list]:
 
     solve, traj = steady(lambda: sweep.solve(config, model, objective))
     stats, _ = steady(lambda: final_statistics(traj, objective, keep=config.snapshot_index()))
-    hit, _ = steady(
-        lambda: hitting_times(
-            traj,
-            model,
-            objective,
-            levels=config.levels,
-            loss_fraction=config.loss_fraction,
-            solver=config.build_solver(),
-            rtol=config.rtol,
-            atol=config.atol,
-            max_steps=config.max_steps,
-        )
-    )
+    hit, _ = steady(lambda: sweep.flow_hitting_times(config, traj, model, objective))
     whole, _ = steady(lambda: sweep.measure(config, model, objective))
     rows = [["flow solve (64 saves)", solve], ["final statistics", stats], ["hitting times (4 levels)", hit]]
     rows.append(["measure() in all", whole])

@@ -53,6 +53,21 @@ def solve(config: SweepConfig, model, objective) -> Trajectory:
     return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save)
 
 
+def flow_hitting_times(config: SweepConfig, traj: Trajectory, model, objective) -> dict:
+    """The hitting times a flow sweep keeps: the config's levels, solver and tolerances."""
+    return hitting_times(
+        traj,
+        model,
+        objective,
+        levels=config.levels,
+        loss_fraction=config.loss_fraction,
+        solver=config.build_solver(),
+        rtol=config.rtol,
+        atol=config.atol,
+        max_steps=config.max_steps,
+    )
+
+
 def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
@@ -76,19 +91,7 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
     out = dict(out["stats"])
     if config.method == "flow":
-        out.update(
-            hitting_times(
-                traj,
-                model,
-                objective,
-                levels=config.levels,
-                loss_fraction=config.loss_fraction,
-                solver=config.build_solver(),
-                rtol=config.rtol,
-                atol=config.atol,
-                max_steps=config.max_steps,
-            )
-        )
+        out.update(flow_hitting_times(config, traj, model, objective))
         out["solver_steps"] = traj.steps
     else:
         times = descent_hitting_times(
