@@ -14,6 +14,7 @@ from .grads import (
 )
 from .hitting import (
     descent_hitting_times as descent_hitting_times,
+    flow_with_hitting_times as flow_with_hitting_times,
     hitting_times as hitting_times,
     logistic_rate as logistic_rate,
 )

@@ -45,11 +45,36 @@ METHODS = ("batched", "diffeqsolve")
 
 
 class Solution(eqx.Module):
-    """States at the save times, per initialization: ys leaves are (inits, times, ...)."""
+    """States at the save times, per initialization: ys leaves are (inits, times, ...).
+
+    `crossed` (when `integrate` was given `crossings`): per initialization and target,
+    the solver time at which that target's gap first reached 0 (t0 when it is >= 0 at
+    the start, inf when never by t1), or None.
+    """
 
     ys: PyTree[Float[Array, "inits times ..."]]
     status: Int[Array, " inits"]
     steps: Int[Array, " inits"]
+    crossed: Float[Array, "inits targets"] | None = None
+
+
+def batches(
+    solver: diffrax.AbstractSolver,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    method: Method = "batched",
+) -> bool:
+    """Whether `integrate` runs these options in its batched stepping loop.
+
+    It does for explicit Runge-Kutta solvers under the engine's own PID control; implicit
+    solvers, custom controllers and the backsolve adjoint go through `diffeqsolve`.
+    """
+    return (
+        method == "batched"
+        and stepsize_controller is None
+        and _is_explicit_rk(solver)
+        and not isinstance(adjoint, diffrax.BacksolveAdjoint)
+    )
 
 
 def status_of(result) -> Int[Array, ""]:
@@ -82,6 +107,7 @@ def integrate(
     block_size: int | None = None,
     method: Method = "batched",
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    crossings: Callable | None = None,
 ) -> Solution:
     """Solve dy/ds = field(s, y, args) from t0 to t1 for every initialization.
 
@@ -98,6 +124,13 @@ def integrate(
         method: "batched" (default; explicit Runge-Kutta solvers) or "diffeqsolve"
             (reference; used for implicit solvers and the backsolve adjoint anyway).
 
+        crossings: optional gaps(t, y, args) -> (targets,) of ONE initialization, a
+            target being reached where its gap is >= 0. The loop then records the
+            accepted step in which each gap first reached 0, and after the loop the
+            crossing time is located on that step's dense output (Chandrupatla's
+            method, to rounding), so every accepted step is checked, not only saved times.
+            Batched method only (`batches`); the times are in `Solution.crossed`.
+
     Status per initialization (`polarize.status`): OK; MAX_STEPS when `max_steps`
     steps did not reach t1; SOLVER_FAILED when the controller fails or the step size
     collapses to zero; NONFINITE (batched) when the field is NaN/Inf at an accepted
@@ -110,19 +143,14 @@ def integrate(
     # iterations per stage) and the backsolve adjoint (its own adjoint ODE) go through
     # diffeqsolve.
     custom = stepsize_controller is not None
-    if (
-        method == "batched"
-        and not custom
-        and _is_explicit_rk(solver)
-        and not isinstance(adjoint, diffrax.BacksolveAdjoint)
-    ):
+    if batches(solver, adjoint, stepsize_controller, method):
         kind = "lax" if isinstance(adjoint, diffrax.ForwardMode) else "checkpointed"
         # One flat state vector per init: every Runge-Kutta combination, error norm and
         # saved-time interpolation is then one kernel over the block instead of one per
         # leaf (XLA on CPU runs a step as ~150 small kernels; their count is the cost).
-        flat, unflat = _flattened(y0, field)
-        y0, field = flat if flat is not None else (y0, field)
-        ys, status, steps = block_map(
+        flat, unflat = _flattened(y0, field, crossings)
+        y0, field, crossings = flat if flat is not None else (y0, field, crossings)
+        ys, status, steps, crossed = block_map(
             _batched_solver(
                 field,
                 args,
@@ -137,11 +165,14 @@ def integrate(
                 max_steps=max_steps,
                 kind=kind,
                 state_size=sum(x[0].size for x in jax.tree.leaves(y0)),
+                crossings=crossings,
             ),
             (y0, _split(args, args_axes)[0]),
             block_size=block_size,
         )
-        return Solution(ys=unflat(ys), status=status, steps=steps)
+        return Solution(ys=unflat(ys), status=status, steps=steps, crossed=crossed)
+    if crossings is not None:
+        raise ValueError("`crossings` needs the batched method (see `engine.batches`)")
     saveat = diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=ts)
     batched, shared = _split(args, args_axes)
 
@@ -172,8 +203,8 @@ def integrate(
 FLATTEN = True
 
 
-def _flattened(y0, field):
-    """((flat y0, field on flat states), unflatten of saved states), or (None, identity).
+def _flattened(y0, field, crossings=None):
+    """((flat y0, field and crossings on flat states), unflatten of saved states), or (None, identity).
 
     Only for states whose leaves share one dtype (raveling would promote the others).
     The per-init structure is that of y0's first initialization.
@@ -190,7 +221,8 @@ def _flattened(y0, field):
     def unflat(ys):  # (inits, times, size) -> the state's pytree with (inits, times) in front
         return jax.vmap(jax.vmap(unravel))(ys)
 
-    return (jax.vmap(ravel)(y0), flat_field), unflat
+    flat_crossings = None if crossings is None else (lambda t, y, args: crossings(t, unravel(y), args))
+    return (jax.vmap(ravel)(y0), flat_field, flat_crossings), unflat
 
 
 def _split(args, args_axes):
@@ -219,6 +251,13 @@ class _State(eqx.Module):
     accepted: Array
     save_index: Array
     saved: PyTree  # (inits, times, ...), written in place
+    # crossings (empty tuples without): per target and init, whether reached, and the
+    # accepted step [lo_t, hi_t] from state lo_y (with f = lo_f) in which it first was
+    found: Array | tuple = ()
+    lo_t: Array | tuple = ()
+    hi_t: Array | tuple = ()
+    lo_y: PyTree = ()
+    lo_f: PyTree = ()
 
 
 #: States of at most this many numbers per init are stepped with the inits axis last
@@ -243,7 +282,21 @@ def _pick(mask, a, b, axis=-1):
 
 
 def _batched_solver(
-    field, args, args_axes, *, t0, t1, ts, ends_only, solver, rtol, atol, max_steps, kind, state_size
+    field,
+    args,
+    args_axes,
+    *,
+    t0,
+    t1,
+    ts,
+    ends_only,
+    solver,
+    rtol,
+    atol,
+    max_steps,
+    kind,
+    state_size,
+    crossings=None,
 ):
     """The stepping loop for one block of initializations, around diffrax's own numerics.
 
@@ -253,7 +306,9 @@ def _batched_solver(
     the inits axis last (struct of arrays), so reductions over tokens and dims become
     elementwise operations across inits. An initialization that has finished is
     frozen; the loop stops when every one has. Saved times are interpolated inside the
-    loop, only for the inits whose accepted step crossed one.
+    loop, only for the inits whose accepted step crossed one. With `crossings`, each
+    accepted state's gaps are checked, and the step where a gap first reached 0 is kept
+    for `_locate` after the loop.
     """
     _, shared = _split(args, args_axes)
     terms = diffrax.ODETerm(field)
@@ -295,8 +350,23 @@ def _batched_solver(
     def interpolate(tprev, tnext, dense, t):
         return solver.interpolation_cls(t0=tprev, t1=tnext, **dense).evaluate(t)
 
+    def gaps(t, y, batched):
+        return crossings(t, y, eqx.combine(batched, shared))
+
+    def locate(lo_t, hi_t, lo_y, lo_f, batched, j):
+        args = eqx.combine(batched, shared)
+        _, _, dense, _ = _rk_step(solver.tableau, field, lo_t, hi_t, lo_y, args, lo_f)
+        gap = lambda t: crossings(t, interpolate(lo_t, hi_t, dense, t), args)[j]
+        return _chandrupatla(gap, lo_t, hi_t, crossings(lo_t, lo_y, args)[j], gap(hi_t))
+
     axis = -1 if state_size <= SOA_MAX_STATE else 0
-    start, step, interpolate = (_lastaxis(f, axis) for f in (start, step, interpolate))
+    start, step = (_lastaxis(f, axis) for f in (start, step))
+    gaps = jax.vmap(gaps, in_axes=axis, out_axes=-1)  # (targets, inits)
+    # over targets (leading axis of the crossing buffers), then over inits
+    locate = jax.vmap(
+        jax.vmap(locate, in_axes=(-1, -1, axis, axis, axis, None)), in_axes=(0, 0, 0, 0, None, 0)
+    )
+    interpolate_v = _lastaxis(interpolate, axis)
 
     def solve_block(block):
         y0, batched = block
@@ -323,8 +393,16 @@ def _batched_solver(
         )
         if ends_only:
             saved = write(saved, zeros, jnp.ones(size, bool), y0)
+        tprev = like(jnp.asarray(t0, tnext.dtype))
+        hits = {}
+        if crossings is not None:  # a target reached at the start: lo_t = hi_t = t0
+            found = gaps(tprev, y0, batched) >= 0
+            stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, found.shape[:1] + x.shape), tree)
+            hits = dict(
+                found=found, lo_t=stack(tprev), hi_t=stack(tprev), lo_y=stack(y0), lo_f=stack(solver_state)
+            )
         state = _State(
-            tprev=like(jnp.asarray(t0, tnext.dtype)),
+            tprev=tprev,
             tnext=tnext,
             y=y0,
             solver_state=solver_state,
@@ -334,6 +412,7 @@ def _batched_solver(
             accepted=zeros,
             save_index=zeros,
             saved=saved,
+            **hits,
         )
 
         def active(s):
@@ -363,7 +442,7 @@ def _batched_solver(
                     index, saved = c
                     mask = due(c)
                     t = ts[jnp.minimum(index, n_save - 1)]
-                    y_t = interpolate(s.tprev, s.tnext, dense, t)
+                    y_t = interpolate_v(s.tprev, s.tnext, dense, t)
                     return index + mask, write(saved, index, mask, y_t)
 
                 # A step usually crosses a save time or two: those are written without a
@@ -377,6 +456,22 @@ def _batched_solver(
             status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
             status = jnp.where(stuck, codes.SOLVER_FAILED, status)
             status = jnp.where(broken, codes.NONFINITE, status)
+            hits = {}
+            if crossings is not None:  # the accepted step from s.tprev to s.tnext reached y
+                newly = keep[None] & ~s.found & (gaps(s.tnext, y, batched) >= 0)
+
+                def first(buf, x):
+                    shape = [1] * x.ndim
+                    shape[axis] = size
+                    return jnp.where(newly.reshape(newly.shape[:1] + tuple(shape)), x[None], buf)
+
+                hits = dict(
+                    found=s.found | newly,
+                    lo_t=jnp.where(newly, s.tprev, s.lo_t),
+                    hi_t=jnp.where(newly, s.tnext, s.hi_t),
+                    lo_y=jax.tree.map(first, s.lo_y, s.y),
+                    lo_f=jax.tree.map(first, s.lo_f, s.solver_state),
+                )
             return _State(
                 tprev=jnp.where(going, tprev, s.tprev),
                 tnext=jnp.where(going, tnext, s.tnext),
@@ -388,6 +483,7 @@ def _batched_solver(
                 accepted=s.accepted + keep,
                 save_index=save_index,
                 saved=saved,
+                **hits,
             )
 
         s = eqxi.while_loop(lambda s: jnp.any(active(s)), body, state, max_steps=max_steps, kind=kind)
@@ -395,9 +491,69 @@ def _batched_solver(
         saved = s.saved
         if ends_only:
             saved = write(saved, zeros + 1, jnp.ones(size, bool), s.y)
-        return saved, status, s.accepted
+        crossed = None
+        if crossings is not None:
+            # located on the recorded step's dense output (not differentiated through)
+            hits = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
+            targets = jnp.arange(s.found.shape[0])
+            located = locate(*hits, targets)
+            at_start = s.found & (s.hi_t == s.lo_t)
+            crossed = jnp.where(at_start, s.lo_t, jnp.where(s.found, located, jnp.inf)).T
+        return saved, status, s.accepted, crossed
 
     return solve_block
+
+
+#: Root-finding iterations at most per crossing (Chandrupatla's method: about 10 for
+#: smooth gaps, and never much more than bisection's 45 to rounding).
+LOCATE_MAX_ITERATIONS = 100
+
+
+def _chandrupatla(gap, lo, hi, f_lo, f_hi):
+    """The time in [lo, hi] where `gap` reaches 0, given gap(lo) < 0 <= gap(hi).
+
+    Chandrupatla's method (1997): inverse quadratic interpolation where it is safe,
+    bisection otherwise, so the bracket always shrinks; stopped when it is narrower
+    than 2 (1e-13 (1 + |t|) + 2 eps |t|), rounding for float64. Returns the bracket's
+    end where gap >= 0.
+    """
+    dtype = jnp.result_type(lo)
+    eps = jnp.finfo(dtype).eps
+    xtol = jnp.maximum(1e-13, 4 * eps)
+
+    def body(c):
+        a, b, c_, fa, fb, fc, t, _, i = c
+        x = a + t * (b - a)
+        fx = gap(x)
+        same = jnp.sign(fx) == jnp.sign(fa)
+        # keep the bracket [x, b] or [x, a]; c_ is the point dropped
+        c_, fc, b, fb = (
+            jnp.where(same, a, b),
+            jnp.where(same, fa, fb),
+            jnp.where(same, b, a),
+            jnp.where(same, fb, fa),
+        )
+        a, fa = x, fx
+        xm = jnp.where(jnp.abs(fa) < jnp.abs(fb), a, b)
+        fm = jnp.minimum(jnp.abs(fa), jnp.abs(fb))
+        tol = 2 * eps * jnp.abs(xm) + xtol * (1 + jnp.abs(xm))
+        tlim = tol / jnp.abs(b - c_)
+        done = (tlim > 0.5) | (fm == 0)
+        xi = (a - b) / (c_ - b)
+        phi = (fa - fb) / (fc - fb)
+        quadratic = (phi**2 < xi) & ((1 - phi) ** 2 < 1 - xi)
+        t_iqi = fa / (fb - fa) * fc / (fb - fc) + (c_ - a) / (b - a) * fa / (fc - fa) * fb / (fc - fb)
+        t = jnp.clip(jnp.where(quadratic, t_iqi, 0.5), tlim, 1 - tlim)
+        return a, b, c_, fa, fb, fc, t.astype(dtype), done, i + 1
+
+    # rounding may put the root on the recorded step's ends
+    bad = ~(f_lo < 0) | ~(f_hi >= 0)
+    half = jnp.asarray(0.5, dtype)
+    init = (hi, lo, lo, f_hi, f_lo, f_lo, half, bad | ~(hi - lo > 0), jnp.int32(0))
+    a, b, _, fa, _, _, _, _, _ = jax.lax.while_loop(
+        lambda c: ~c[7] & (c[8] < LOCATE_MAX_ITERATIONS), body, init
+    )
+    return jnp.where(~(f_lo < 0), lo, jnp.where(f_hi >= 0, jnp.where(fa >= 0, a, b), hi))
 
 
 def _is_explicit_rk(solver) -> bool:

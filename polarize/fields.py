@@ -36,7 +36,7 @@ from .ensembles import Precision, at_precision, ensemble_size, float_dtype
 from .errors import PolarizeError, check_choice, check_positive
 from .models import AbstractModel, ValueAttention, params, with_params
 from .objectives import AbstractDataObjective, AbstractObjective
-from .trajectory import ValuePath
+from .trajectory import ValuePath, observe
 
 Path = Literal["auto", "autodiff", "analytic", "reduced", "span"]
 
@@ -91,6 +91,12 @@ class AbstractField(eqx.Module):
         V, a = ys
         return ValuePath(coords=V), a
 
+    def observe(self, y: PyTree, model: AbstractModel, objective: AbstractObjective, constants=None) -> tuple:
+        """(attention weights, loss) at one state y: what hitting times check at every step."""
+        path, a = self.value_path(jax.tree.map(lambda x: x[None], y), model, objective)
+        weights, loss = observe(model, objective, path, a)
+        return weights[0], loss[0]
+
 
 class Autodiff(AbstractField):
     """-grad L over the trainable arrays by `jax.grad`: any model, any objective."""
@@ -137,6 +143,13 @@ class Reduced(AbstractField):
         s = model.norm(a)
         e = objective.residual(jnp.dot(u, s))
         return (bb * e * s, e * model.norm.vjp(a, u))
+
+    def observe(self, y, model, objective, constants=None):
+        # L = l(<b, V s>) = l(<u, s>): the loss of beta = b <u, s> / |b|^2, without V
+        bb = self.constants(model, objective) if constants is None else constants
+        u, a = y
+        s = model.norm(a)
+        return s, objective(objective.direction() * (jnp.dot(u, s) / bb))
 
     def value_path(self, ys, model, objective):
         u, a = ys
@@ -204,6 +217,9 @@ class Modified(AbstractField):
 
     def value_path(self, ys, model, objective):
         return self.base.value_path(ys, model, objective)
+
+    def observe(self, y, model, objective, constants=None):
+        return self.base.observe(y, model, objective, constants)
 
 
 #: The registry: each `path` name and its field class, written once.

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from . import status as codes, stiff
-from .engine import integrate
+from .engine import batches, integrate
 from .ensembles import Precision, batch_axes, ensemble_size, float_dtype, over_inits
 from .errors import check_choice, check_positive, refuse_if, shown
 from .fields import AbstractField, Modified, Path, prepare
@@ -74,15 +74,24 @@ def flow(
         A `Trajectory`. Every initialization gets a `polarize.status` code; a failed
         one (ok=False) leaves the rest of the batch unaffected.
     """
+    options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)
+    return integrate_flow(model, objective, t1, t0, n_save, ts, path, precision, block_size, **options)
+
+
+def integrate_flow(
+    model, objective, t1, t0, n_save, ts, path, precision, block_size, *, targets=None, **options
+):
+    """`flow`'s body; with `targets` (see `polarize.hitting`) also their crossing times."""
     model, objective, field, block_size = prepare(
         model, objective, path=path, precision=precision, block_size=block_size
     )
-    if solver is None:  # stiff objectives: Rosenbrock-W on the linear clock; `solver=` overrides
-        solver, default_clock = stiff.default_method(model, objective, field, t1)
-        clock = clock or default_clock
-    clock = clock or "log"
-    options = dict(solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, clock=clock, adjoint=adjoint)
-    return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
+    if options["solver"] is None:  # stiff objectives: Rosenbrock-W on the linear clock
+        options["solver"], default_clock = stiff.default_method(model, objective, field, t1)
+        options["clock"] = options["clock"] or default_clock
+    options["clock"] = options["clock"] or "log"
+    return _solve(
+        model, objective, field, t0, t1, n_save, ts, block_size=block_size, targets=targets, **options
+    )
 
 
 def modified_flow(
@@ -124,8 +133,12 @@ def modified_flow(
     return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
 
 
-def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, **options):
-    """The options' checks, then one integration (the body both drivers share)."""
+def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=None, **options):
+    """The options' checks, then one integration (the body both drivers share).
+
+    Returns the `Trajectory`; with `targets`, (trajectory, crossing times or None where
+    the engine does not run its batched loop).
+    """
     check_choice("clock", options["clock"], ("log", "linear"))
     n_save = check_positive("n_save", n_save, integer=True)
     options["max_steps"] = check_positive("max_steps", options["max_steps"], integer=True)
@@ -140,42 +153,58 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, **options
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model, block_size = with_params(model, [p[None] for p in params(model)]), 1
-    traj = _integrate(model, objective, field, ts, t0, t1, block_size, ends_only, **options)
-    return jax.tree.map(lambda x: x if x is traj.ts else x[0], traj) if single else traj
+    traj, crossed = _integrate(model, objective, field, ts, t0, t1, block_size, ends_only, targets, **options)
+    if single:
+        traj = jax.tree.map(lambda x: x if x is traj.ts else x[0], traj)
+        crossed = None if crossed is None else crossed[0]
+    return traj if targets is None else (traj, crossed)
 
 
 @eqx.filter_jit
 def _integrate(
-    model, objective, field: AbstractField, ts, t0, t1, block_size, ends_only, *, clock, **options
+    model, objective, field: AbstractField, ts, t0, t1, block_size, ends_only, targets, *, clock, **options
 ):
     to_solver = jnp.log1p if clock == "log" else (lambda t: t)
+    from_solver = jnp.expm1 if clock == "log" else (lambda s: s)
 
     def vector_field(s, y, args):
-        model, objective, constants = args
+        model, objective, constants = args[:3]
         dy = field(y, model, objective, constants)
         if clock == "log":
             return jax.tree.map(lambda d: jnp.exp(s) * d, dy)  # dy/dtau = (1 + t) dy/dt
         return dy
 
-    y0, constants = over_inits(
-        lambda m, o: (field.initial(m, o), field.constants(m, o)), model, objective, block_size=block_size
-    )
     s0, s1 = to_solver(t0), to_solver(t1)
     save_at = jnp.clip(to_solver(ts), s0, s1)  # log1p(expm1(x)) can exceed x by one ulp
     controller = stiff.controller(
         options["solver"], options["rtol"], options["atol"], None if ends_only else save_at
     )
+
+    def begin(m, o):
+        levels = () if targets is None else targets.levels(m, o)
+        return field.initial(m, o), field.constants(m, o), levels
+
+    y0, constants, levels = over_inits(begin, model, objective, block_size=block_size)
+    crossings = None
+    if targets is not None and batches(options["solver"], options["adjoint"], controller):
+
+        def crossings(s, y, args):  # the targets' gaps at one state of one init
+            model, objective, constants, levels = args
+            weights, loss = field.observe(y, model, objective, constants)
+            return targets.from_observed(weights, loss, levels)
+
     solution = integrate(
         vector_field,
         y0,
-        (model, objective, constants),
-        (batch_axes(model), batch_axes(objective), 0),
+        (model, objective, constants, levels),
+        (batch_axes(model), batch_axes(objective), 0, 0),
         t0=s0,
         t1=s1,
         ts=save_at,
         ends_only=ends_only,
         block_size=block_size,
         stepsize_controller=controller,
+        crossings=crossings,
         **options,
     )
 
@@ -191,4 +220,9 @@ def _integrate(
         finish, model, objective, per_init=(solution.ys, solution.status), block_size=block_size
     )
     ok = status == codes.OK
-    return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps)
+    traj = Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps)
+    crossed = solution.crossed
+    if crossed is not None:  # solver clock -> flow time (a target reached at the start: t0 exactly)
+        crossed = jnp.where(crossed == s0, t0, from_solver(crossed))
+        crossed = jnp.where(ok[:, None], crossed, jnp.nan)
+    return traj, crossed

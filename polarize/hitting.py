@@ -1,12 +1,19 @@
 """Polarization speed: when each initialization reaches a level, and its asymptotic rate.
 
 Hitting times of gradient flow are exact to the solver's tolerance, not interpolated
-between saved times. The saved trajectory only brackets the first crossing: the first
-saved interval [t_{k-1}, t_k] whose end reached the level. The ODE is autonomous, so
-the solve restarts from the saved state at t_{k-1} over that one interval (on the
-clock tau = log(1 + t), like `flow`, and with flow's own vector field: in reduced
-coordinates where they apply), with a diffrax `Event` whose root is located by
-bisection on the solver's dense solution.
+between saved times. Two ways:
+
+`flow_with_hitting_times` (what sweeps run) takes them from the solve itself: the
+engine's batched loop checks every accepted step, keeps the first that reaches each
+level, and locates the crossing on that step's dense output (`engine.integrate`'s
+`crossings`). Only a crossing undone inside one solver step is missed.
+
+`hitting_times(traj, ...)` works from any trajectory. The saved trajectory only
+brackets the first crossing: the first saved interval [t_{k-1}, t_k] whose end reached
+the level. The ODE is autonomous, so the solve restarts from the saved state at
+t_{k-1} over that one interval (on the clock tau = log(1 + t), like `flow`, and with
+flow's own vector field: in reduced coordinates where they apply), with a diffrax
+`Event` whose root is located by bisection on the solver's dense solution.
 
 Caveat of the bracketing: a crossing that uncrosses again between two saved times
 (max weight above the level and back below it inside one interval) is missed, and
@@ -24,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import optimistix as optx
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from .ensembles import batch_axes, blockwise, over_inits
 from .errors import PolarizeError
@@ -60,27 +67,95 @@ def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> li
     return names
 
 
-def _gaps(model, objective, state, kinds, levels):
-    """g_j(state) >= 0 exactly when target j is reached: max weight - level, or level - loss."""
-    m = with_params(model, state)
-    max_weight = jnp.max(distribution(m.weights()), axis=-1)
-    loss = objective(m())
-    return jnp.where(kinds == 0, max_weight - levels, levels - loss)
-
-
-def _targets(levels, loss_fraction):
-    """(kinds, raw levels) arrays: kind 0 is a max-weight level, kind 1 a loss fraction.
+class Targets(eqx.Module):
+    """What the hitting times measure: kind 0 is a max-weight level, kind 1 a loss fraction.
 
     Arrays, not static settings, so new levels reuse the compiled program.
     """
+
+    kinds: Int[Array, " targets"]
+    values: Float[Array, " targets"]
+
+    def levels(self, model: AbstractModel, objective: AbstractObjective) -> Float[Array, " targets"]:
+        """The levels of one initialization: loss fractions become losses (of L at the start)."""
+        return self.per_init(objective(model()))
+
+    def per_init(self, loss0) -> Float[Array, " targets"]:
+        return jnp.where(self.kinds == 0, self.values, self.values * loss0).astype(loss0.dtype)
+
+    def from_observed(self, weights, loss, levels):
+        """g_j >= 0 exactly when target j is reached (max weight - level, or level - loss),
+        from weights (..., tokens) and loss (...): (targets, ...)."""
+        max_weight = jnp.max(distribution(weights), axis=-1)
+        pad = lambda x: x.reshape(x.shape + (1,) * max_weight.ndim)  # targets in front
+        grow = lambda x: x.reshape((1,) * self.kinds.ndim + x.shape)
+        return jnp.where(pad(self.kinds) == 0, grow(max_weight) - pad(levels), pad(levels) - grow(loss))
+
+
+def _targets(levels, loss_fraction) -> Targets:
     kinds = [0] * len(levels) + ([1] if loss_fraction is not None else [])
     values = list(levels) + ([loss_fraction] if loss_fraction is not None else [])
-    return jnp.asarray(kinds), jnp.asarray(values, dtype=float)
+    return Targets(jnp.asarray(kinds), jnp.asarray(values, dtype=float))
 
 
-def _levels(kinds, values, loss0):
-    """The levels of one initialization: loss fractions become losses."""
-    return jnp.where(kinds == 0, values, values * loss0).astype(loss0.dtype)
+def _check(levels, loss_fraction) -> tuple[float, ...]:
+    levels = check_levels(levels)
+    if loss_fraction is not None and not 0 < loss_fraction < 1:
+        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
+    return levels
+
+
+def flow_with_hitting_times(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    *,
+    t1: float,
+    levels=LEVELS,
+    loss_fraction: float | None = LOSS_FRACTION,
+    **options,
+) -> tuple[Trajectory, dict[str, Float[Array, "*inits"]]]:
+    """`flow(model, objective, t1=t1, **options)` and its hitting times, from one solve.
+
+    Where the flow runs the engine's batched loop (explicit Runge-Kutta solvers, the
+    default Tsit5 on the paper's logistic objectives), every accepted step is checked:
+    the first step that reaches a level is kept and the crossing is located on that
+    step's dense output (regula falsi to rounding). A crossing that uncrosses within
+    a saved interval is then found too. Elsewhere (implicit and Rosenbrock solvers)
+    this is `flow` followed by `hitting_times` with the same solver and tolerances.
+
+    Returns:
+        (trajectory, {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}), times as
+        for `hitting_times`, except that inf means never reached by t1.
+    """
+    from .flow import integrate_flow
+
+    levels = _check(levels, loss_fraction)
+    names = time_names(levels, loss_fraction)
+    defaults = dict(
+        t0=0.0, n_save=64, ts=None, path="auto", precision=None, block_size=None, solver=None,
+        rtol=1e-6, atol=1e-8, max_steps=100_000, clock=None, adjoint=None,
+    )  # fmt: skip
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise PolarizeError(f"unknown option(s) {unknown} for `flow`; valid: {sorted(defaults)}")
+    o = {**defaults, **options}
+    positional = [o.pop(k) for k in ("t0", "n_save", "ts", "path", "precision", "block_size")]
+    targets = _targets(levels, loss_fraction)
+    traj, crossed = integrate_flow(model, objective, t1, *positional, targets=targets, **o)
+    if crossed is None:  # not the batched loop: restart over the saved intervals
+        solver = o["solver"]
+        return traj, hitting_times(
+            traj,
+            model,
+            objective,
+            levels=levels,
+            loss_fraction=loss_fraction,
+            solver=solver,
+            rtol=o["rtol"],
+            atol=o["atol"],
+            max_steps=o["max_steps"],
+        )
+    return traj, {name: crossed[..., j] for j, name in enumerate(names)}
 
 
 def hitting_times(
@@ -112,9 +187,7 @@ def hitting_times(
         scalar: the flow time of the first crossing (t0 when reached at the start), inf
         where never reached by the last saved time, NaN where the run failed (`ok` False).
     """
-    levels = check_levels(levels)
-    if loss_fraction is not None and not 0 < loss_fraction < 1:
-        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
+    levels = _check(levels, loss_fraction)
     solver = diffrax.Tsit5() if solver is None else solver
     names = time_names(levels, loss_fraction)
     per_init = (traj.value_path, traj.a, traj.weights, traj.loss, traj.ok)
@@ -172,10 +245,8 @@ def _first_crossings(
     model, objective, ts, path, a, weights, loss, ok, targets, solver, rtol, atol, max_steps
 ):
     """Hitting times of one initialization (one entry per target)."""
-    kinds, values = targets[0], _levels(*targets, loss[0])
-    max_weight = jnp.max(distribution(weights), axis=-1)
-    gaps = jnp.where(kinds[:, None] == 0, max_weight[None] - values[:, None], values[:, None] - loss[None])
-    hit = gaps >= 0  # (targets, times)
+    kinds, values = targets.kinds, targets.per_init(loss[0])
+    hit = targets.from_observed(weights, loss, values) >= 0  # (targets, times)
     reached = jnp.any(hit, axis=-1)
     k = jnp.argmax(hit, axis=-1)
     # a failed run or a target reached at the start needs no solve: it restarts
@@ -198,8 +269,7 @@ def _first_crossings(
         def gap(t, y, args, **kwargs):
             saved, logits = field.value_path(jax.tree.map(lambda x: x[None], y), restart, objective)
             weights, loss = observe(restart, objective, saved, logits)
-            max_weight = jnp.max(distribution(weights[0]), axis=-1)
-            return jnp.where(kind == 0, max_weight - value, value - loss[0])
+            return Targets(kind, value).from_observed(weights[0], loss[0], value)
 
         tau0, tau1 = jnp.log1p(ts[start]), jnp.log1p(ts[stop])
         sol = diffrax.diffeqsolve(
@@ -243,9 +313,7 @@ def descent_hitting_times(
     (descend may step in reduced coordinates), so an index can differ only where an
     iterate lies within rounding of a level. NaN where an iterate went non-finite.
     """
-    levels = check_levels(levels)
-    if loss_fraction is not None and not 0 < loss_fraction < 1:
-        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
+    levels = _check(levels, loss_fraction)
     if not lr > 0:
         raise PolarizeError(f"`lr` must be a positive finite number; got {lr!r}")
     steps = int(steps)
@@ -260,11 +328,11 @@ def descent_hitting_times(
 def _descent_first(model, objective, optimizer, steps, targets):
     def run_one(model, objective):
         theta = tuple(getattr(model, n) for n in model.trainable)
-        loss0 = objective(model())
-        kinds, values = targets[0], _levels(*targets, loss0)
+        values = targets.levels(model, objective)
 
         def check(first, theta, k):
-            hit = _gaps(model, objective, theta, kinds, values) >= 0
+            m = with_params(model, theta)
+            hit = targets.from_observed(m.weights(), objective(m()), values) >= 0
             return jnp.where((first < 0) & hit, k, first)
 
         def step(carry, k):
@@ -274,7 +342,7 @@ def _descent_first(model, objective, optimizer, steps, targets):
             updates, opt_state = optimizer.update(grads, opt_state, theta)
             return (optax.apply_updates(theta, updates), opt_state, first), None
 
-        first = -jnp.ones(kinds.shape, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+        first = -jnp.ones(targets.kinds.shape, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
         carry = (theta, optimizer.init(theta), first)
         (theta, _, first), _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=first.dtype))
         first = check(first, theta, jnp.asarray(steps, first.dtype))

@@ -9,7 +9,8 @@ result is bit-identical to an uninterrupted run. With several processes
 (`jax.distributed`), process p computes the chunks i with i mod P = p.
 
 Per initialization only reduced quantities are kept (`measure`): final statistics
-(`polarize.statistics`), hitting times and the logistic rate (`polarize.hitting`),
+(`polarize.statistics`), hitting times (located on the flow's own accepted steps,
+`polarize.hitting.flow_with_hitting_times`) and the logistic rate (`polarize.hitting`),
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
 """
 
@@ -25,8 +26,7 @@ from .descent import descend
 from .devices import barrier, my_chunks, over_devices
 from .ensembles import BLOCK_SIZE
 from .errors import PolarizeError
-from .flow import flow
-from .hitting import descent_hitting_times, hitting_times, logistic_rate
+from .hitting import descent_hitting_times, flow_with_hitting_times, logistic_rate
 from .statistics import distribution, final_statistics
 from .storage import read_json, write_json
 from .store import ChunkStore
@@ -39,41 +39,32 @@ PIECE = 8 * BLOCK_SIZE
 
 def solve(config: SweepConfig, model, objective) -> Trajectory:
     """The trajectories of `model` (a batch of initializations) under the config's method."""
+    return solve_with_times(config, model, objective)[0]
+
+
+def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory, dict | None]:
+    """The trajectories and, for flow, the config's hitting times from the same solve."""
     if config.method == "flow":
-        return flow(
+        return flow_with_hitting_times(
             model,
             objective,
             t1=config.t1,
+            levels=config.levels,
+            loss_fraction=config.loss_fraction,
             n_save=config.n_save,
             rtol=config.rtol,
             atol=config.atol,
             max_steps=config.max_steps,
             solver=config.build_solver(),
         )
-    return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save)
-
-
-def flow_hitting_times(config: SweepConfig, traj: Trajectory, model, objective) -> dict:
-    """The hitting times a flow sweep keeps: the config's levels, solver and tolerances."""
-    return hitting_times(
-        traj,
-        model,
-        objective,
-        levels=config.levels,
-        loss_fraction=config.loss_fraction,
-        solver=config.build_solver(),
-        rtol=config.rtol,
-        atol=config.atol,
-        max_steps=config.max_steps,
-    )
+    return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save), None
 
 
 def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
-    The solves and statistics are split over `devices`; the hitting times then run on
-    one device, as the root finding rounds differently inside `shard_map`, and a
-    result must not depend on the device count.
+    The solves, hitting times and statistics are split over `devices`; the numbers do
+    not depend on the device count.
     """
 
     # per-initialization fields only (descent's `steps` are the shared saved step indices)
@@ -82,16 +73,17 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     )
 
     def solved(model, objective):
-        traj = solve(config, model, objective)
+        traj, times = solve_with_times(config, model, objective)
         stats = final_statistics(traj, objective, keep=config.snapshot_index())
-        return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats}
+        return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
     out = over_devices(solved, model, objective, devices)
     parts = out["traj"]
     traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
+    times = out["times"]
     out = dict(out["stats"])
     if config.method == "flow":
-        out.update(flow_hitting_times(config, traj, model, objective))
+        out.update(times)
         out["solver_steps"] = traj.steps
     else:
         times = descent_hitting_times(

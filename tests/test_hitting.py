@@ -4,6 +4,8 @@ Flow: scipy's `solve_ivp` with event location on the replicator ODE written out 
 numpy. Descent: a Python loop of plain gradient descent. Rate: a closed form.
 """
 
+import diffrax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -94,6 +96,52 @@ def test_start_and_failed_inits(solved):
         np.testing.assert_array_equal(v[[0, 2, 3]], np.asarray(low[k])[[0, 2, 3]])
 
 
+@pytest.fixture(scope="module")
+def in_loop(solved):
+    """`flow_with_hitting_times` on the four inits and a fifth whose V is NaN."""
+    model, objective, _ = solved
+    broken = eqx.tree_at(
+        lambda m: m.V, model, jnp.concatenate([model.V, jnp.full_like(model.V[:1], jnp.nan)])
+    )
+    broken = eqx.tree_at(lambda m: m.a, broken, jnp.concatenate([model.a, model.a[:1]]))
+    levels = (1 / T, *LEVELS)  # 1/T: reached at the start
+    return pz.flow_with_hitting_times(broken, objective, t1=3e5, n_save=40, levels=levels, **TOL)
+
+
+def test_hitting_times_from_the_flows_own_steps_match_scipy_and_the_restarts(solved, in_loop):
+    """`flow_with_hitting_times` checks every accepted step and locates the crossing on
+    its dense output; scipy's event location and the restart method are independent."""
+    model, objective, traj = solved
+    got_traj, got = in_loop
+    np.testing.assert_array_equal(got_traj.V[:4], traj.V)  # the same solve as `flow`
+    assert list(np.asarray(got_traj.ok)) == [True] * 4 + [False]
+    assert list(got) == [f"time_to_{1 / T:g}", *[f"time_to_{x:g}" for x in LEVELS], "time_to_loss_0.001"]
+    got = np.stack([np.asarray(v) for v in got.values()], axis=1)
+    assert np.isnan(got[4]).all()  # the failed init, and only it
+    np.testing.assert_array_equal(got[:4, 0], 0.0)
+    got = got[:4, 1:]
+    b = np.asarray(objective.b)
+    ref = np.array([_scipy_hitting(np.asarray(model.V[i]), np.asarray(model.a[i]), b, 3e5) for i in range(4)])
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-6)
+    restart = pz.hitting_times(traj, model, objective, levels=LEVELS, **TOL)
+    restart = np.stack([np.asarray(v) for v in restart.values()], axis=1)
+    np.testing.assert_allclose(got[finite], restart[finite], rtol=1e-8)
+
+
+def test_hitting_times_without_the_batched_loop_fall_back_to_restarts(solved, in_loop):
+    """The backsolve adjoint runs diffeqsolve: the times come from restarts, and agree."""
+    model, objective, _ = solved
+    options = dict(t1=3e5, n_save=40, levels=LEVELS, adjoint=diffrax.BacksolveAdjoint(), **TOL)
+    _, restarted = pz.flow_with_hitting_times(model, objective, **options)
+    assert list(restarted) == list(in_loop[1])[1:]
+    for k in restarted:
+        np.testing.assert_allclose(restarted[k], in_loop[1][k][:4], rtol=1e-8, err_msg=k)
+    with pytest.raises(pz.PolarizeError, match="unknown option"):
+        pz.flow_with_hitting_times(model, objective, t1=1.0, nsave=3)
+
+
 def test_descent_hitting_times_match_a_python_loop():
     lr, steps = 0.5, 300
     model = pz.init_ensemble(2, 3, tokens=T, dim=D, v_scale=0.5)
@@ -139,3 +187,24 @@ def test_logistic_rate_recovers_C_from_the_closed_form():
 def test_levels_outside_unit_interval_are_refused(levels):
     with pytest.raises(pz.PolarizeError, match=r"`levels` must be numbers in \(0, 1\]"):
         check_levels(levels)
+
+
+def test_reduced_field_observes_weights_and_loss_without_rebuilding_v():
+    """The check at every step: (weights, loss) from (u, a) equal those of the rebuilt V."""
+    from polarize.fields import AbstractField, Reduced
+
+    model = pz.init_ensemble(5, 1, tokens=T, dim=D, v_scale=0.5)
+    model = eqx.tree_at(lambda m: (m.V, m.a), model, (model.V[0], model.a[0]))
+    objective = pz.random_direction(2, D)
+    u = model.V.T @ objective.direction() + jnp.array([0.3, -1.2, 2.0])  # a state after some flow
+    a = model.a + jnp.array([0.5, 0.1, -0.7])
+    field = Reduced()
+    weights, loss = field.observe((u, a), model, objective)
+    ref_weights, ref_loss = AbstractField.observe(field, (u, a), model, objective)  # via V(t)
+    b = np.asarray(objective.direction())
+    V = model.V + np.outer(b, u - model.V.T @ b) / (b @ b)
+    s = _softmax(np.asarray(a))
+    np.testing.assert_allclose(weights, s, rtol=1e-14)
+    np.testing.assert_allclose(loss, np.logaddexp(0.0, -(b @ V @ s)), rtol=1e-12)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
+    np.testing.assert_allclose(weights, ref_weights, rtol=1e-14)
