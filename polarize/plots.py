@@ -91,7 +91,8 @@ def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.nda
     """(times, fraction of non-failed initializations with max weight >= threshold)."""
     ok = np.asarray(arrays["ok"], bool)
     mw = np.asarray(arrays["series_max_weight"])
-    above = ((mw >= threshold) & ok[:, None]).sum(axis=0)  # no copy of the float array
+    # one time at a time: no (inits, times) temporaries
+    above = np.array([np.count_nonzero(mw[:, j][ok] >= threshold) for j in range(mw.shape[1])])
     frac = above / ok.sum() if ok.any() else np.full(mw.shape[1], np.nan)
     return np.asarray(arrays["snap_ts"]), frac
 

@@ -14,6 +14,7 @@ Files of a finished run folder (besides config.json and chunks/):
 """
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from . import status
 from .config import SweepConfig
 from .errors import PolarizeError
 from .statistics import aggregate
-from .storage import read_json, read_npz, write_json, write_npz
+from .storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
 from .store import ChunkStore
 
 
@@ -37,43 +38,83 @@ def summary_of(config: SweepConfig, arrays: dict) -> dict:
 def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, wall: float) -> dict:
     """Gather the chunks into per_init.npz/series.npz, write summary.json and draw the figures.
 
-    Arrays are filled chunk by chunk into preallocated ones, so assembling costs one
-    copy of the results, not two. Figures that cannot be drawn (no finished
+    One pass over the chunks: the per-initialization numbers are filled into
+    preallocated arrays, and the snapshot series (most of the bytes) are appended to
+    raw files and streamed into series.npz, so they are never whole in memory; the
+    figures then read one series at a time. Figures that cannot be drawn (no finished
     initialization) are drawn empty with a note, never a crash.
     """
+    import tempfile
+
     from .plots import sweep_figures
     from .sweep import run_chunk, solve
 
-    arrays = None
-    for i, (start, stop) in enumerate(store.ranges):
-        part = store.read(i)
-        if part is None:  # another process's chunk went missing: compute it here
-            part = run_chunk(config, start, stop)
-            store.write(i, part)
-        if arrays is None:
-            arrays = {
-                k: np.empty((config.inits,) + v.shape[1:], v.dtype)
-                for k, v in part.items()
-                if k not in ("start", "stop")
-            }
-        for k in arrays:
-            arrays[k][start:stop] = part[k]
-        del part
-    summary = summary_of(config, arrays)
-    summary["wall_seconds"] = round(wall, 3)
-    write_npz(out / "per_init.npz", {k: v for k, v in arrays.items() if not k.startswith("snap_")})
-    snaps = {k: v for k, v in arrays.items() if k.startswith("snap_")}
-    ts = config.times()[config.snapshot_index()]
-    write_npz(out / "series.npz", {**snaps, "ts": ts, "ok": arrays["ok"]})
-    del arrays, snaps
+    arrays, raw = None, {}
+    with tempfile.TemporaryDirectory(dir=out, prefix=".assemble-") as tmp:
+        files = {}
+        try:
+            for i, (start, stop) in enumerate(store.ranges):
+                part = store.read(i)
+                if part is None:  # another process's chunk went missing: compute it here
+                    part = run_chunk(config, start, stop)
+                    store.write(i, part)
+                if arrays is None:
+                    names = [k for k in part if k not in ("start", "stop")]
+                    arrays = {
+                        k: np.empty((config.inits,) + part[k].shape[1:], part[k].dtype)
+                        for k in names
+                        if not k.startswith("snap_")
+                    }
+                    for k in names:
+                        if k.startswith("snap_"):
+                            files[k] = open(Path(tmp) / k, "wb")  # noqa: SIM115 (closed below)
+                            raw[k] = (Path(tmp) / k, (config.inits,) + part[k].shape[1:], part[k].dtype)
+                for k in arrays:
+                    arrays[k][start:stop] = part[k]
+                for k, f in files.items():
+                    f.write(np.ascontiguousarray(part[k], dtype=raw[k][2]).tobytes())
+                del part
+        finally:
+            for f in files.values():
+                f.close()
+        summary = summary_of(config, arrays)
+        summary["wall_seconds"] = round(wall, 3)
+        write_npz(out / "per_init.npz", arrays)
+        ts = config.times()[config.snapshot_index()]
+        write_npz_streamed(out / "series.npz", {"ts": ts, "ok": arrays["ok"]}, raw)
     if sample:
         n = min(sample, config.inits)
         traj = solve(config, config.build_model(0, n), config.build_objective())
         fields = ("ts", "V", "a", "weights", "loss", "ok", "status")
         write_npz(out / "sample.npz", {k: getattr(traj, k) for k in fields})
+    del arrays
     write_json(out / "summary.json", summary)
-    sweep_figures(load(out).arrays, config, out)
+    sweep_figures(_FigureArrays(out), config, out)
     return summary
+
+
+class _FigureArrays(Mapping):
+    """A finished sweep's arrays (the keys of `load_arrays`) for the figures, each read
+    from per_init.npz or series.npz at access and not kept: only the arrays a figure
+    is drawing are in memory."""
+
+    def __init__(self, out: Path):
+        self._per_init, self._series = Path(out) / "per_init.npz", Path(out) / "series.npz"
+        with np.load(self._per_init, allow_pickle=False) as a, np.load(self._series, allow_pickle=False) as b:
+            self._where = {k: (self._per_init, k) for k in a.files}
+            self._where["snap_ts"] = (self._series, "ts")
+            self._where.update({"series_" + k.removeprefix("snap_"): (self._series, k) for k in b.files})
+
+    def __getitem__(self, key):
+        path, name = self._where[key]
+        with np.load(path, allow_pickle=False) as z:
+            return z[name]
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self):
+        return len(self._where)
 
 
 def load_arrays(out) -> dict:

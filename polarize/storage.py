@@ -67,6 +67,40 @@ def write_npz(path, arrays: dict) -> None:
     _atomic_write(Path(path), lambda f: np.savez(f, **arrays))
 
 
+def write_npz_streamed(path, arrays: dict, raw: dict) -> None:
+    """Write an uncompressed `.npz` whose large members are copied from raw files.
+
+    `raw`: name -> (file of C-order bytes, shape, dtype), streamed into the archive in
+    blocks, so an array of any size never has to be in memory; `arrays` are written as
+    `write_npz` would. Readable by `np.load` like any `.npz`; written atomically.
+    """
+    import shutil
+
+    def write(f):
+        with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
+            for name, (source, shape, dtype) in raw.items():
+                dtype = np.dtype(dtype)
+                expected = int(np.prod(shape)) * dtype.itemsize
+                if os.path.getsize(source) != expected:
+                    raise ValueError(f"{source} holds {os.path.getsize(source)} bytes, not {expected}")
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(dtype),
+                    "fortran_order": False,
+                    "shape": shape,
+                }
+                with z.open(f"{name}.npy", "w", force_zip64=True) as member, open(source, "rb") as src:
+                    np.lib.format.write_array_header_1_0(member, header)
+                    shutil.copyfileobj(src, member, 16 << 20)
+            for name, value in arrays.items():
+                value = np.asarray(value)
+                if value.dtype == object:
+                    raise TypeError(f"array {name!r} has dtype object, which would need pickle")
+                with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, value, allow_pickle=False)
+
+    _atomic_write(Path(path), write)
+
+
 def read_npz(path) -> dict:
     """Read every array of an `.npz` (no pickle); raise `ValueError` if it is corrupt."""
     try:

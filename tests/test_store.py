@@ -137,3 +137,28 @@ def test_load_returns_a_run_with_tables(reference):
     one = series[series["init"] == 7]
     np.testing.assert_array_equal(one["time"], run.arrays["snap_ts"])
     np.testing.assert_array_equal(one["max_weight"], run.arrays["series_max_weight"][7])
+
+
+def test_streamed_npz_reads_back_like_savez(tmp_path):
+    """series.npz is written from raw files: np.load must see exactly the arrays."""
+    from polarize.storage import write_npz_streamed
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((1000, 7)).astype(np.float32)
+    ints = rng.integers(0, 9, (1000, 3))
+    raw = {}
+    for name, x in (("big", big), ("ints", ints)):
+        with open(tmp_path / name, "wb") as f:  # appended in pieces, as assemble does
+            for lo in range(0, 1000, 300):
+                f.write(x[lo : lo + 300].tobytes())
+        raw[name] = (tmp_path / name, x.shape, x.dtype)
+    small = {"ts": np.linspace(0, 1, 7), "ok": rng.random(1000) > 0.1}
+    write_npz_streamed(tmp_path / "s.npz", small, raw)
+    with np.load(tmp_path / "s.npz", allow_pickle=False) as z:
+        assert sorted(z.files) == ["big", "ints", "ok", "ts"]
+        for name, x in {"big": big, "ints": ints, **small}.items():
+            assert z[name].dtype == x.dtype
+            np.testing.assert_array_equal(z[name], x)
+    with pytest.raises(ValueError, match="bytes, not"):
+        write_npz_streamed(tmp_path / "t.npz", {}, {"big": (tmp_path / "big", (999, 7), np.float32)})
+    assert not (tmp_path / "t.npz").exists()
