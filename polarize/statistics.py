@@ -50,8 +50,11 @@ def _never_crosses(x: Float[Array, "... times tokens"]) -> Float[Array, "..."]:
     Sorted by the final order, x must be non-decreasing at every time: a pair in
     the opposite order at some time is exactly a crossing (O(T log T), not O(T^2)).
     """
-    order = jnp.argsort(x[..., -1:, :], axis=-1)
-    ranked = jnp.take_along_axis(x, jnp.broadcast_to(order, x.shape), axis=-1)
+    order = jnp.argsort(x[..., -1, :], axis=-1)
+    # ranked = x[..., order] by a one-hot product (exact for finite x; faster than a gather)
+    tokens = jnp.arange(x.shape[-1]).reshape((1,) * order.ndim + (-1,))
+    permutation = (order[..., :, None] == tokens).astype(x.dtype)
+    ranked = jnp.einsum("...tj,...kj->...tk", x, permutation, precision="highest")
     return jnp.all(jnp.diff(ranked, axis=-1) >= 0, axis=(-2, -1))
 
 
@@ -119,7 +122,7 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
     b = objective.direction()
     flags = b is not None and traj.a.shape[-1] == traj.value_path.shape[-1]
     b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.a.dtype)
-    keep = None if keep is None else np.asarray(keep)
+    keep = None if keep is None else tuple(int(k) for k in np.asarray(keep).reshape(-1))  # static
     return _final_by_block(traj.value_path, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
 
 
@@ -131,17 +134,21 @@ def _final_by_block(path, a, weights, loss, ok, b, flags, keep):
         path, a, weights, loss = jax.tree.map(
             lambda x: jnp.where(ok, x, jnp.zeros_like(x)), (path, a, weights, loss)
         )
-        # the weight statistics over all saved times, then the last: the same program
-        # as `summarize`, so the same numbers to the last bit
-        every = weight_series(weights)
+        # the weight statistics at the kept times and the last only (elementwise per
+        # time, so the same numbers as `summarize`'s over every time, to the last bit)
+        times = (
+            np.arange(weights.shape[0]) if keep is None else np.unique(np.append(keep, -1) % weights.shape[0])
+        )
+        every = weight_series(weights[times])
         out = {f"final_{k}": v[-1] for k, v in every.items()}
         out["final_top_share"] = top_singular_share(path.at(-1))
         out["final_loss"] = loss[-1]
         if flags:
             out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b).items()})
         if keep is not None:
-            out["snap_max_weight"] = every["max_weight"][keep].astype(jnp.float32)
-            out["snap_entropy"] = every["entropy"][keep].astype(jnp.float32)
+            at = np.searchsorted(times, np.asarray(keep) % weights.shape[0])
+            out["snap_max_weight"] = every["max_weight"][at].astype(jnp.float32)
+            out["snap_entropy"] = every["entropy"][at].astype(jnp.float32)
         return {k: _failed(v, ok) for k, v in out.items()}
 
     return blockwise(one, (path, a, weights, loss, ok, b))
