@@ -12,6 +12,7 @@
   (`cache_dir()`), so repeated calls skip recompilation.
 """
 
+import functools
 import os
 from pathlib import Path
 
@@ -31,9 +32,11 @@ def over_devices(fn, model, objective, devices=None):
 
     `fn` must return a pytree of arrays whose leading axis is the initialization.
     The objective is shared (replicated) unless it is batched like the model.
-    With several devices the results come back as host (numpy) arrays.
+    With several devices the results come back as host (numpy) arrays. The sharded
+    program is compiled once per `fn`, devices, shapes and static settings, and reused
+    on later calls (pass the same `fn` object, e.g. a cached closure).
     """
-    devices = list(devices or jax.local_devices())
+    devices = tuple(devices or jax.local_devices())
     n = model.batch_size
     if n is None:
         raise ValueError("over_devices needs a batched model")
@@ -43,22 +46,40 @@ def over_devices(fn, model, objective, devices=None):
     per = -(-n // k)
     is_none = lambda x: x is None
     batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
-    dynamic, static = eqx.partition((model, objective), batched)
+    # arrays travel as inputs (batched ones split, the rest replicated); what is left is
+    # static and keys the compiled program
+    split, rest = eqx.partition((model, objective), batched)
+    shared, static = eqx.partition(rest, eqx.is_array)
 
     def pad(x):  # pad with copies of initialization 0: valid numbers, sliced off below
         return jnp.concatenate([x, jnp.repeat(x[:1], per * k - n, axis=0)])
 
-    def local(dyn):
-        m, o = eqx.combine(dyn, static)
+    try:
+        run = _sharded(fn, static, devices)
+    except TypeError:  # static settings that cannot be hashed: build the program afresh
+        run = _sharded.__wrapped__(fn, static, devices)
+    out = run(jax.tree.map(pad, split), shared)
+    # gathered to the host: later work then runs on one device, not SPMD over all
+    return jax.tree.map(lambda x: np.asarray(x)[:n], out)
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded(fn, static, devices):
+    """jit(shard_map(fn)) over `devices`: split inputs by initialization, shared ones replicated."""
+
+    def local(split, shared):
+        m, o = eqx.combine(split, shared, static)
         return fn(m, o)
 
     mesh = Mesh(np.array(devices), (AXIS,))
     sharded = jax.shard_map(
-        local, mesh=mesh, in_specs=(PartitionSpec(AXIS),), out_specs=PartitionSpec(AXIS), check_vma=False
+        local,
+        mesh=mesh,
+        in_specs=(PartitionSpec(AXIS), PartitionSpec()),
+        out_specs=PartitionSpec(AXIS),
+        check_vma=False,
     )
-    out = jax.jit(sharded)(jax.tree.map(pad, dynamic))
-    # gathered to the host: later work then runs on one device, not SPMD over all
-    return jax.tree.map(lambda x: np.asarray(x)[:n], out)
+    return jax.jit(sharded)
 
 
 #: Environment variables by which JAX (or polarize) finds the other processes.

@@ -14,6 +14,7 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
 """
 
+import functools
 import time
 from pathlib import Path
 
@@ -60,13 +61,10 @@ def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory,
     return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save), None
 
 
-def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
-    """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
-
-    The solves, hitting times and statistics are split over `devices`; the numbers do
-    not depend on the device count.
-    """
-
+@functools.lru_cache(maxsize=16)
+def _solved(config: SweepConfig):
+    """The per-device part of `measure` for `config`: one function object per config, so
+    the sharded program over several devices is compiled once, not once per chunk."""
     # per-initialization fields only (descent's `steps` are the shared saved step indices)
     fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
         ("steps",) if config.method == "flow" else ()
@@ -77,7 +75,16 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
         stats = final_statistics(traj, objective, keep=config.snapshot_index())
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
-    out = over_devices(solved, model, objective, devices)
+    return solved
+
+
+def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
+    """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
+
+    The solves, hitting times and statistics are split over `devices`; the numbers do
+    not depend on the device count.
+    """
+    out = over_devices(_solved(config), model, objective, devices)
     parts = out["traj"]
     traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
     times = out["times"]

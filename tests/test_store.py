@@ -105,6 +105,10 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
         "c = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=300)\n"
         "assert jax.local_device_count() == 2, jax.devices()\n"
         "np.savez(sys.argv[1], **run_chunk(c, 0, 300))\n"
+        "from polarize.devices import _sharded\n"
+        "run_chunk(c, 300, 600)  # the next chunk reuses the compiled sharded program\n"
+        "info = _sharded.cache_info()\n"
+        "assert info.misses == 1 and info.hits >= 1, info\n"
     )
     env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "d2.npz")], env=env, check=True)
