@@ -181,7 +181,7 @@ def _integrate(
     )
 
     def begin(m, o):
-        levels = () if targets is None else targets.levels(m, o)
+        levels = None if targets is None else targets.levels(m, o)
         return field.initial(m, o), field.constants(m, o), levels
 
     y0, constants, levels = over_inits(begin, model, objective, block_size=block_size)
@@ -193,11 +193,14 @@ def _integrate(
             weights, loss = field.observe(y, model, objective, constants)
             return targets.from_observed(weights, loss, levels)
 
+    # the targets' levels ride along only when there are targets (an empty leaf would
+    # trip diffrax's backsolve adjoint, which rebuilds the args)
+    args = (model, objective, constants) + ((levels,) if targets is not None else ())
     solution = integrate(
         vector_field,
         y0,
-        (model, objective, constants, levels),
-        (batch_axes(model), batch_axes(objective), 0, 0),
+        args,
+        (batch_axes(model), batch_axes(objective), 0) + ((0,) if targets is not None else ()),
         t0=s0,
         t1=s1,
         ts=save_at,

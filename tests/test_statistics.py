@@ -6,26 +6,35 @@ import numpy as np
 from polarize.statistics import top_singular_share
 
 
+def _embed(M, n=8):
+    """M in the top-left corner of an n x n zero matrix (same nonzero singular values)."""
+    out = np.zeros((n, n))
+    out[: M.shape[0], : M.shape[1]] = M
+    return out
+
+
 def test_top_singular_share_matches_numpy_svd():
     rng = np.random.default_rng(0)
-    cases = [rng.standard_normal((8, 8)) for _ in range(20)]
+    cases = [rng.standard_normal((8, 8)) for _ in range(12)]
     cases += [
-        rng.standard_normal((5, 3)),
-        rng.standard_normal((3, 5)),
-        np.eye(4),  # four equal singular values
-        np.diag([1.0, 1.0 - 1e-9, 0.5]),  # a top pair closer than any squaring separates
-        np.outer(rng.standard_normal(6), rng.standard_normal(6)) + 1e-9 * rng.standard_normal((6, 6)),
-        1e-150 * rng.standard_normal((4, 4)),
-        1e150 * rng.standard_normal((4, 4)),
+        _embed(np.eye(4)),  # four equal singular values
+        _embed(np.diag([1.0, 1.0 - 1e-9, 0.5])),  # a top pair closer than any squaring separates
+        _embed(np.outer(rng.standard_normal(6), rng.standard_normal(6)) + 1e-9 * rng.standard_normal((6, 6))),
+        1e-150 * rng.standard_normal((8, 8)),
+        1e150 * rng.standard_normal((8, 8)),
     ]
-    got = np.array([float(top_singular_share(jnp.asarray(V))) for V in cases])
+    got = np.asarray(top_singular_share(jnp.asarray(np.stack(cases))))  # one batched call
     ref = []
     for V in cases:
         s = np.linalg.svd(V / np.abs(V).max(), compute_uv=False)
         ref.append(s[0] ** 2 / np.sum(s**2))
     np.testing.assert_allclose(got, ref, rtol=1e-13)
-    assert got[-4] < 1.0 and abs(got[-3] - 1.0) < 1e-12  # not rank one, then nearly rank one
-    batch = jnp.stack([jnp.asarray(c) for c in cases[:20]])
-    np.testing.assert_allclose(top_singular_share(batch), got[:20], rtol=1e-14)
-    assert float(top_singular_share(jnp.zeros((3, 3)))) == 1.0
-    assert np.isnan(float(top_singular_share(jnp.full((3, 3), jnp.nan))))
+    assert got[12] == 0.25 or abs(got[12] - 0.25) < 1e-15  # the identity block: 1/4
+    assert abs(got[14] - 1.0) < 1e-12  # nearly rank one
+    for V in (rng.standard_normal((5, 3)), rng.standard_normal((3, 5))):  # either Gram side
+        s = np.linalg.svd(V, compute_uv=False)
+        np.testing.assert_allclose(
+            float(top_singular_share(jnp.asarray(V))), s[0] ** 2 / np.sum(s**2), rtol=1e-13
+        )
+    assert float(top_singular_share(jnp.zeros((3, 5)))) == 1.0
+    assert np.isnan(float(top_singular_share(jnp.full((3, 5), jnp.nan))))
