@@ -89,7 +89,7 @@ def descend(
         if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
-    traj = _descend(model, objective, optimizer, marks, field, block_size)
+    traj = _descend(model, objective, optimizer, marks, field, block_size, plain)
     ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
     status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
     return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
@@ -99,12 +99,30 @@ def descend(
 _sgd = functools.lru_cache(maxsize=64)(optax.sgd)
 
 
+def _packing(theta):
+    """(pack, unpack) between a block's state pytree (inits axis last) and one
+    (numbers per init, inits) array."""
+    leaves, treedef = jax.tree.flatten(theta)
+    size = leaves[0].shape[-1]
+    shapes = [x.shape[:-1] for x in leaves]
+    cuts = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
+
+    def pack(tree):
+        return jnp.concatenate([x.reshape(-1, size) for x in jax.tree.leaves(tree)])
+
+    def unpack(x):
+        parts = jnp.split(x, cuts)
+        return jax.tree.unflatten(treedef, [p.reshape(shape + (size,)) for p, shape in zip(parts, shapes)])
+
+    return pack, unpack
+
+
 #: Steps unrolled per loop iteration of descent (fewer loop trips, same arithmetic).
 UNROLL = 8
 
 
 @eqx.filter_jit
-def _descend(model, objective, optimizer, marks, system, block_size):
+def _descend(model, objective, optimizer, marks, system, block_size, flat):
     single = ensemble_size(model, objective) is None
     if single:  # step one initialization as a block of one
         model = eqx.tree_at(
@@ -132,11 +150,26 @@ def _descend(model, objective, optimizer, marks, system, block_size):
         block = jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), block)
         constants = per_init(system.constants)(block)
         theta = per_init(system.initial)(block)
-        carry = (theta, per_init(lambda m, o, th: optimizer.init(th))(block, theta))
-        step = per_init(one_step)
+        if flat:
+            # plain SGD is elementwise: step one (state, inits) array instead of one per
+            # leaf, the same arithmetic in fewer, larger kernels
+            pack, unpack = _packing(theta)
+            field = per_init(lambda m, o, th, c: system(th, m, o, c))
 
-        def body(carry, _):
-            return step(block, *carry, constants), None
+            def body(carry, _):
+                x, opt_state = carry
+                grads = jnp.negative(pack(field(block, unpack(x), constants)))
+                updates, opt_state = optimizer.update(grads, opt_state, x)
+                return (optax.apply_updates(x, updates), opt_state), None
+
+            carry = (pack(theta), optimizer.init(pack(theta)))
+        else:
+            unpack = lambda x: x
+            carry = (theta, per_init(lambda m, o, th: optimizer.init(th))(block, theta))
+            step = per_init(one_step)
+
+            def body(carry, _):
+                return step(block, *carry, constants), None
 
         saved, done = [], 0
         # One scan per segment between saved steps: static lengths keep the loop
@@ -147,7 +180,7 @@ def _descend(model, objective, optimizer, marks, system, block_size):
                     body, carry, None, length=mark - done, unroll=min(UNROLL, mark - done)
                 )
                 done = mark
-            saved.append(carry[0])
+            saved.append(unpack(carry[0]))
         return jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)  # (inits, marks, ...)
 
     states = ensembles.block_map(run_block, dynamic, block_size=block_size)
