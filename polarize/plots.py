@@ -65,7 +65,7 @@ def plot_entropy_histogram(arrays: dict, config, path: Path) -> Path:
     ax.set_xlabel("final entropy H(p) [nats]")
     ax.set_ylabel("initializations")
     ax.set_title(f"final entropy, {ok.sum()} inits ({config.norm}/{config.objective})")
-    ax.legend(fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
