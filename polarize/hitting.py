@@ -24,6 +24,8 @@ For gradient descent (`descent_hitting_times`) the time of a level is the first
 step index k whose iterate reached it, times lr.
 """
 
+import inspect
+
 import diffrax
 import equinox as eqx
 import jax
@@ -36,6 +38,7 @@ from jaxtyping import Array, Float, Int
 from .ensembles import batch_axes, blockwise, over_inits
 from .errors import PolarizeError
 from .fields import choose_field
+from .flow import flow, integrate_flow
 from .models import AbstractModel, with_params
 from .objectives import AbstractObjective
 from .statistics import distribution
@@ -119,43 +122,68 @@ def flow_with_hitting_times(
     Where the flow runs the engine's batched loop (explicit Runge-Kutta solvers, the
     default Tsit5 on the paper's logistic objectives), every accepted step is checked:
     the first step that reaches a level is kept and the crossing is located on that
-    step's dense output (regula falsi to rounding). A crossing that uncrosses within
-    a saved interval is then found too. Elsewhere (implicit and Rosenbrock solvers)
-    this is `flow` followed by `hitting_times` with the same solver and tolerances.
+    step's dense output (Chandrupatla's method, to rounding). A crossing that uncrosses
+    within a saved interval is then found too. Elsewhere (implicit and Rosenbrock
+    solvers) this is `flow` followed by `hitting_times` with the same solver and
+    tolerances.
 
     Returns:
         (trajectory, {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}), times as
         for `hitting_times`, except that inf means never reached by t1.
     """
-    from .flow import integrate_flow
+    traj, times = flow_and_crossings(
+        model, objective, t1=t1, levels=levels, loss_fraction=loss_fraction, **options
+    )
+    if times is None:  # not the batched loop: restart over the saved intervals
+        times = restarted_hitting_times(traj, model, objective, levels, loss_fraction, options)
+    return traj, times
 
+
+def flow_and_crossings(model, objective, *, t1, levels=LEVELS, loss_fraction=LOSS_FRACTION, **options):
+    """(trajectory, hitting times) where the batched loop located them, else (trajectory, None).
+
+    `options` are `flow`'s keyword arguments (its own defaults apply).
+    """
     levels = _check(levels, loss_fraction)
-    names = time_names(levels, loss_fraction)
-    defaults = dict(
-        t0=0.0, n_save=64, ts=None, path="auto", precision=None, block_size=None, solver=None,
-        rtol=1e-6, atol=1e-8, max_steps=100_000, clock=None, adjoint=None,
-    )  # fmt: skip
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(flow).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and name != "t1"
+    }
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise PolarizeError(f"unknown option(s) {unknown} for `flow`; valid: {sorted(defaults)}")
     o = {**defaults, **options}
     positional = [o.pop(k) for k in ("t0", "n_save", "ts", "path", "precision", "block_size")]
-    targets = _targets(levels, loss_fraction)
-    traj, crossed = integrate_flow(model, objective, t1, *positional, targets=targets, **o)
-    if crossed is None:  # not the batched loop: restart over the saved intervals
-        solver = o["solver"]
-        return traj, hitting_times(
-            traj,
-            model,
-            objective,
-            levels=levels,
-            loss_fraction=loss_fraction,
-            solver=solver,
-            rtol=o["rtol"],
-            atol=o["atol"],
-            max_steps=o["max_steps"],
-        )
+    traj, crossed = integrate_flow(
+        model, objective, t1, *positional, targets=_targets(levels, loss_fraction), **o
+    )
+    if crossed is None:
+        return traj, None
+    names = time_names(levels, loss_fraction)
     return traj, {name: crossed[..., j] for j, name in enumerate(names)}
+
+
+def restarted_hitting_times(traj, model, objective, levels, loss_fraction, options: dict) -> dict:
+    """`hitting_times` of a flow trajectory with the solver and tolerances of `options`
+    (`flow`'s keyword arguments; the flow's defaults where absent)."""
+    import inspect
+
+    from .flow import flow
+
+    defaults = inspect.signature(flow).parameters
+    pick = lambda k: options.get(k, defaults[k].default)
+    return hitting_times(
+        traj,
+        model,
+        objective,
+        levels=levels,
+        loss_fraction=loss_fraction,
+        solver=pick("solver"),
+        rtol=pick("rtol"),
+        atol=pick("atol"),
+        max_steps=pick("max_steps"),
+    )
 
 
 def hitting_times(

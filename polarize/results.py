@@ -13,6 +13,7 @@ Files of a finished run folder (besides config.json and chunks/):
 `Run.frame()` is the pandas table with one row per initialization.
 """
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,8 +52,8 @@ def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, 
 
     arrays, raw = None, {}
     with tempfile.TemporaryDirectory(dir=out, prefix=".assemble-") as tmp:
-        files = {}
-        try:
+        with contextlib.ExitStack() as files:
+            streams = {}
             for i, (start, stop) in enumerate(store.ranges):
                 part = store.read(i)
                 if part is None:  # another process's chunk went missing: compute it here
@@ -65,18 +66,14 @@ def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, 
                         for k in names
                         if not k.startswith("snap_")
                     }
-                    for k in names:
-                        if k.startswith("snap_"):
-                            files[k] = open(Path(tmp) / k, "wb")  # noqa: SIM115 (closed below)
-                            raw[k] = (Path(tmp) / k, (config.inits,) + part[k].shape[1:], part[k].dtype)
+                    for k in (k for k in names if k.startswith("snap_")):
+                        streams[k] = files.enter_context(open(Path(tmp) / k, "wb"))
+                        raw[k] = (Path(tmp) / k, (config.inits,) + part[k].shape[1:], part[k].dtype)
                 for k in arrays:
                     arrays[k][start:stop] = part[k]
-                for k, f in files.items():
+                for k, f in streams.items():
                     f.write(np.ascontiguousarray(part[k], dtype=raw[k][2]).tobytes())
                 del part
-        finally:
-            for f in files.values():
-                f.close()
         summary = summary_of(config, arrays)
         summary["wall_seconds"] = round(wall, 3)
         write_npz(out / "per_init.npz", arrays)

@@ -27,7 +27,7 @@ from .descent import descend
 from .devices import barrier, my_chunks, over_devices
 from .ensembles import BLOCK_SIZE
 from .errors import PolarizeError
-from .hitting import descent_hitting_times, flow_with_hitting_times, logistic_rate
+from .hitting import descent_hitting_times, flow_and_crossings, logistic_rate, restarted_hitting_times
 from .statistics import distribution, final_statistics
 from .storage import read_json, write_json
 from .store import ChunkStore
@@ -44,21 +44,24 @@ def solve(config: SweepConfig, model, objective) -> Trajectory:
 
 
 def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory, dict | None]:
-    """The trajectories and, for flow, the config's hitting times from the same solve."""
+    """The trajectories and, for a flow in the engine's batched loop, the config's hitting
+    times from the same solve (None otherwise: `measure` then restarts on one device)."""
     if config.method == "flow":
-        return flow_with_hitting_times(
-            model,
-            objective,
-            t1=config.t1,
-            levels=config.levels,
-            loss_fraction=config.loss_fraction,
-            n_save=config.n_save,
-            rtol=config.rtol,
-            atol=config.atol,
-            max_steps=config.max_steps,
-            solver=config.build_solver(),
-        )
+        return flow_and_crossings(model, objective, **_flow_options(config))
     return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save), None
+
+
+def _flow_options(config: SweepConfig) -> dict:
+    return dict(
+        t1=config.t1,
+        levels=config.levels,
+        loss_fraction=config.loss_fraction,
+        n_save=config.n_save,
+        rtol=config.rtol,
+        atol=config.atol,
+        max_steps=config.max_steps,
+        solver=config.build_solver(),
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -82,7 +85,9 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
     The solves, hitting times and statistics are split over `devices`; the numbers do
-    not depend on the device count.
+    not depend on the device count. Hitting times that need restarted solves (solvers
+    outside the batched loop) run on one device, as their root finding (optimistix
+    bisection) rounds differently inside `shard_map`.
     """
     out = over_devices(_solved(config), model, objective, devices)
     parts = out["traj"]
@@ -90,6 +95,11 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     times = out["times"]
     out = dict(out["stats"])
     if config.method == "flow":
+        if times is None:
+            options = _flow_options(config)
+            times = restarted_hitting_times(
+                traj, model, objective, options.pop("levels"), options.pop("loss_fraction"), options
+            )
         out.update(times)
         out["solver_steps"] = traj.steps
     else:
