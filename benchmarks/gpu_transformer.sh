@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 uptime
 start=$(date +%s)
 status=0
-timeout 460 "$PY" -m polarize.cli induction --preset paper --norms softmax,sigmoid --lr 1e-3 \
+timeout "${LIMIT:-460}" "$PY" -m polarize.cli induction --preset paper --norms softmax,sigmoid --lr 1e-3 \
     --out "$OUT/induction" --overwrite 2>&1 | tee "$OUT/induction.log" || status=$?
 echo "wall: $(( $(date +%s) - start )) s (exit status $status; 124 = stopped at 460 s, rerun to resume)"
 uptime

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from . import ensembles, status as codes
-from .ensembles import Precision, ensemble_size
+from .ensembles import Precision, ensemble_size, exact_matmuls
 from .errors import PolarizeError, check_positive
 from .fields import Path, prepare
 from .models import AbstractModel
@@ -122,6 +122,7 @@ UNROLL = 8
 
 
 @eqx.filter_jit
+@exact_matmuls
 def _descend(model, objective, optimizer, marks, system, block_size, flat):
     single = ensemble_size(model, objective) is None
     if single:  # step one initialization as a block of one

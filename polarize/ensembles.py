@@ -14,6 +14,7 @@ blocks suit accelerators; on CPU a few hundred also keeps lockstep waste of
 adaptive solvers small.
 """
 
+import functools
 from typing import Literal
 
 import equinox as eqx
@@ -26,6 +27,24 @@ Precision = Literal["float32", "float64"]
 
 #: Initializations per vmapped block (part of a result's identity: keep it fixed).
 BLOCK_SIZE = 128
+
+
+def exact_matmuls(fn):
+    """`fn` traced with every matrix product at full precision ("highest").
+
+    On GPUs JAX multiplies float32 matrices in TF32 by default (10 mantissa bits) and on
+    TPUs in bfloat16: a vector field evaluated that way is noisier than the solver's
+    rtol, and the step-size controller shrinks its steps to chase the noise (measured on
+    an H200: logistic data in float32 ran 38x slower than in float64, benchmarks/GPU.md).
+    Every jitted entry point of the lab's numerics carries this; float64 is unaffected.
+    """
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def at_precision(tree, precision: Precision | None):

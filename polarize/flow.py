@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from . import status as codes, stiff
 from .engine import batches, integrate
-from .ensembles import Precision, batch_axes, ensemble_size, float_dtype, over_inits
+from .ensembles import Precision, batch_axes, ensemble_size, exact_matmuls, float_dtype, over_inits
 from .errors import check_choice, check_positive, refuse_if, shown
 from .fields import AbstractField, Modified, Path, prepare
 from .models import AbstractModel, params, with_params
@@ -161,6 +161,7 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
 
 
 @eqx.filter_jit
+@exact_matmuls
 def _integrate(
     model, objective, field: AbstractField, ts, t0, t1, block_size, ends_only, targets, *, clock, **options
 ):

@@ -35,7 +35,7 @@ import optax
 import optimistix as optx
 from jaxtyping import Array, Float, Int
 
-from .ensembles import batch_axes, blockwise, over_inits
+from .ensembles import batch_axes, blockwise, exact_matmuls, over_inits
 from .errors import PolarizeError
 from .fields import choose_field
 from .flow import flow, integrate_flow
@@ -234,6 +234,7 @@ def _split(module):
 
 
 @eqx.filter_jit
+@exact_matmuls
 def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_steps):
     (model_dyn, model_static), (obj_dyn, obj_static) = _split(model), _split(objective)
     n = per_init[0].shape[0]
@@ -353,6 +354,7 @@ def descent_hitting_times(
 
 
 @eqx.filter_jit
+@exact_matmuls
 def _descent_first(model, objective, optimizer, steps, targets):
     def run_one(model, objective):
         theta = tuple(getattr(model, n) for n in model.trainable)

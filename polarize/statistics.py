@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .ensembles import blockwise
+from .ensembles import blockwise, exact_matmuls
 from .objectives import AbstractObjective
 from .trajectory import Trajectory, ValuePath
 
@@ -149,6 +149,7 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
 
 
 @eqx.filter_jit
+@exact_matmuls
 def _final_by_block(path, a, weights, loss, ok, b, flags, keep):
     def one(arrays):
         path, a, weights, loss, ok, b = arrays
@@ -186,6 +187,7 @@ def _failed(x, ok):
 
 
 @jax.jit
+@exact_matmuls
 def _series_by_block(traj: Trajectory) -> dict:
     # per initialization in the fixed-block program, so a statistic never depends
     # on which other initializations shared the batch (see `polarize.ensembles`)

@@ -6,6 +6,7 @@ gradient descent, the float32 mode and the block-size option.
 
 import diffrax
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -13,6 +14,7 @@ import pytest
 
 import polarize as pz
 from polarize.fields import Analytic, Autodiff, Reduced, Span, choose_field
+from polarize.statistics import final_statistics
 
 DIM, TOKENS, SAMPLES = 6, 5, 3  # samples < dim: where "span" is the cheaper form
 
@@ -122,3 +124,42 @@ def test_block_size_is_an_option_and_results_do_not_depend_on_batch_size():
     np.testing.assert_allclose(whole.weights, other.weights, rtol=0, atol=1e-9)
     with pytest.raises(pz.PolarizeError, match="`block_size` must be a positive integer"):
         pz.flow(m, obj, t1=1.0, block_size=-1)
+
+
+def _dot_precisions(fn, *args):
+    """The `precision` of every matrix product in fn's program (nested jaxprs included)."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                found.append(eqn.params["precision"])
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, tuple | list) else (value,):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def test_float32_matrix_products_run_at_full_precision():
+    # GPUs multiply float32 matrices in TF32 by default: a field that noisy made the
+    # step-size controller crawl (logistic data 38x slower than float64 on an H200,
+    # benchmarks/GPU.md). Every product in the flow, descent and statistics programs is
+    # pinned to "highest", which a plain jnp product (checked first) is not.
+    assert _dot_precisions(lambda x: x @ x, jnp.ones((2, 2), jnp.float32)) == [None]
+    obj = pz.random_labels(3, 16, 8)
+    model = pz.init_ensemble(0, 4, tokens=8, dim=8, norm="sigmoid", dtype=jnp.float32)
+    runs = {
+        "flow": lambda m: pz.flow(m, obj, t1=10.0, precision="float32").V,
+        "descend": lambda m: pz.descend(m, obj, 0.1, steps=4, n_save=2, precision="float32").V,
+        "statistics": lambda m: final_statistics(pz.flow(m, obj, t1=10.0, n_save=4), obj)["final_loss"],
+    }
+    for name, run in runs.items():
+        found = _dot_precisions(run, model)
+        assert found, name  # the logistic-data field multiplies matrices
+        highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+        assert set(found) == {highest}, (name, set(found))
