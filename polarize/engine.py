@@ -166,11 +166,12 @@ def integrate(
                 kind=kind,
                 state_size=sum(x[0].size for x in jax.tree.leaves(y0)),
                 crossings=crossings,
+                unflat=unflat,
             ),
             (y0, _split(args, args_axes)[0]),
             block_size=block_size,
         )
-        return Solution(ys=unflat(ys), status=status, steps=steps, crossed=crossed)
+        return Solution(ys=ys, status=status, steps=steps, crossed=crossed)
     if crossings is not None:
         raise ValueError("`crossings` needs the batched method (see `engine.batches`)")
     saveat = diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=ts)
@@ -204,7 +205,7 @@ FLATTEN = True
 
 
 def _flattened(y0, field, crossings=None):
-    """((flat y0, field and crossings on flat states), unflatten of saved states), or (None, identity).
+    """((flat y0, field and crossings on flat states), unflatten of a block's states), or (None, identity).
 
     Only for states whose leaves share one dtype (raveling would promote the others).
     The per-init structure is that of y0's first initialization.
@@ -218,8 +219,8 @@ def _flattened(y0, field, crossings=None):
     def flat_field(t, y, args):
         return ravel(field(t, unravel(y), args))
 
-    def unflat(ys):  # (inits, times, size) -> the state's pytree with (inits, times) in front
-        return jax.vmap(jax.vmap(unravel))(ys)
+    def unflat(ys):  # (inits, size) -> the state's pytree with inits in front
+        return jax.vmap(unravel)(ys)
 
     flat_crossings = None if crossings is None else (lambda t, y, args: crossings(t, unravel(y), args))
     return (jax.vmap(ravel)(y0), flat_field, flat_crossings), unflat
@@ -297,6 +298,7 @@ def _batched_solver(
     kind,
     state_size,
     crossings=None,
+    unflat=lambda y: y,
 ):
     """The stepping loop for one block of initializations, around diffrax's own numerics.
 
@@ -348,7 +350,24 @@ def _batched_solver(
         return keep, tprev1, tnext1, y1, solver_state1, controller_state1, dense, failed
 
     def interpolate(tprev, tnext, dense, t):
-        return solver.interpolation_cls(t0=tprev, t1=tnext, **dense).evaluate(t)
+        # diffrax's dense output is linear in the step's dense information (y0, y1 and
+        # the stage increments k), the same polynomial weights for every component of
+        # the state: take the weights from the solver's own interpolation on a state of
+        # one number, then sum the stages elementwise (no stacked (stages, state) array
+        # and no matrix-vector product, which cost XLA a transpose and a copy per step).
+        y0, y1, ks = dense["y0"], dense["y1"], dense["k"]
+        zero = jnp.zeros((), tprev.dtype)
+        unit = dict(y0=zero, y1=zero, k=jnp.zeros(len(ks), tprev.dtype))
+        at = lambda d: solver.interpolation_cls(t0=tprev, t1=tnext, **d).evaluate(t)
+        w = jax.grad(at)(unit)
+
+        def leaf(y0, y1, *k):
+            out = w["y0"].astype(y0.dtype) * y0 + w["y1"].astype(y0.dtype) * y1
+            for i, k_i in enumerate(k):
+                out = out + w["k"][i].astype(y0.dtype) * k_i
+            return out
+
+        return jax.tree.map(leaf, y0, y1, *ks)
 
     def gaps(t, y, batched):
         return crossings(t, y, eqx.combine(batched, shared))
@@ -378,18 +397,22 @@ def _batched_solver(
         like = lambda x: jnp.broadcast_to(x, (size,))
         zeros = jnp.zeros(size, jnp.int32)
 
+        # saved states are kept in the state's own pytree (unflattened as they are
+        # written), so the solution needs no pass over the (inits, saves, state) arrays
+        inits_first = lambda y: unflat(jax.tree.map(lambda x: jnp.moveaxis(x, axis, 0), y))
+
         def write(saved, index, mask, y):
             index = jnp.where(mask, index, n_save)  # masked rows write out of bounds: dropped
             return jax.tree.map(
                 lambda buf, x: buf.at[rows, index].set(
-                    jnp.moveaxis(x, axis, 0), mode="drop", unique_indices=True, indices_are_sorted=True
+                    x, mode="drop", unique_indices=True, indices_are_sorted=True
                 ),
                 saved,
-                y,
+                inits_first(y),
             )
 
         saved = jax.tree.map(
-            lambda x: jnp.full((size, n_save) + jnp.moveaxis(x, axis, 0).shape[1:], jnp.inf, x.dtype), y0
+            lambda x: jnp.full((size, n_save) + x.shape[1:], jnp.inf, x.dtype), inits_first(y0)
         )
         if ends_only:
             saved = write(saved, zeros, jnp.ones(size, bool), y0)
@@ -603,5 +626,4 @@ def _rk_step(tableau, field, t0, t1, y0, args, f0):
         ks.append(scale(f_i))
     y1 = y_stage if tableau.ssal else combine(y0, tableau.b_sol, ks)
     y_error = combine(None, tableau.b_error, ks)
-    k = jax.tree.map(lambda *x: jnp.stack(x), *ks)
-    return y1, y_error, dict(y0=y0, y1=y1, k=k), f_i
+    return y1, y_error, dict(y0=y0, y1=y1, k=tuple(ks)), f_i

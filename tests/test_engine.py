@@ -46,6 +46,25 @@ def test_batched_matches_closed_form_and_diffeqsolve(ends_only):
     assert np.max(np.abs(np.asarray(fast.steps) - np.asarray(ref.steps))) <= 1
 
 
+@pytest.mark.parametrize("solver", [diffrax.Dopri5(), diffrax.Bosh3()], ids=lambda s: type(s).__name__)
+def test_saved_times_use_each_solvers_own_interpolation(solver):
+    # The loop takes the interpolation's weights from the solver's interpolation class
+    # (on a one-number state) and sums the stages itself: its saved states must be the
+    # solver's own dense output, for each interpolation diffrax has (Dopri5's fourth-order
+    # polynomial, Bosh3's Hermite cubic, Dopri8's own), on the same accepted steps.
+    k = jnp.linspace(0.5, 3.0, 5)
+    y0 = jnp.stack([jnp.linspace(1.0, 2.0, 5), -jnp.ones(5)], axis=-1)
+    ts = jnp.linspace(0.0, 2.0, 13)
+    kw = dict(solver=solver, rtol=1e-6, atol=1e-8)
+    fast = _solve(lambda s, y, k: -k * y, y0, k, 0, ts, method="batched", **kw)
+    ref = _solve(lambda s, y, k: -k * y, y0, k, 0, ts, method="diffeqsolve", **kw)
+    np.testing.assert_array_equal(fast.steps, ref.steps)
+    np.testing.assert_allclose(fast.ys, ref.ys, rtol=0, atol=1e-13)
+    # not a bound any interpolation passes: a linear one between the step ends is ~1e-4 off
+    exact = y0[:, None, :] * jnp.exp(-k[:, None, None] * ts[None, :, None])
+    assert np.max(np.abs(fast.ys - exact)) < 1e-5
+
+
 def _system_problem(kind, n=6):
     """y0, args, args_axes and field of a polarize gradient flow (log clock)."""
     model = pz.init_ensemble(3, n, tokens=4, dim=3, v_scale=0.5, a_scale=0.5)
