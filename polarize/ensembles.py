@@ -15,11 +15,14 @@ adaptive solvers small.
 """
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .errors import PolarizeError, check_choice
 
@@ -148,3 +151,59 @@ def over_inits(fn, model, objective, *args, per_init=None, block_size: int | Non
         return fn(m, o, *args) if per_init is None else fn(m, o, extra, *args)
 
     return blockwise(one, (dynamic, per_init), block_size=block_size)
+
+
+def cpu_threads() -> int:
+    """Chunks of blocks `in_threads` runs side by side: $POLARIZE_THREADS, else the CPU
+    cores this process may use (1 turns it off)."""
+    value = os.environ.get("POLARIZE_THREADS")
+    if value is not None:
+        if not value.isdigit() or int(value) < 1:
+            raise PolarizeError(f"POLARIZE_THREADS must be a whole number >= 1; got {value!r}")
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def in_threads(jitted, model, objective, *args, _block: int, **kwargs):
+    """`jitted(model, objective, *args, **kwargs)` as chunks of whole blocks run side by side.
+
+    `_block` is the block size `jitted` maps over.
+
+    XLA's CPU runtime runs a program's sequential map over blocks on one core, however
+    many the machine has. With concrete inputs on CPU and at least two blocks, the
+    initializations are cut into `cpu_threads()` chunks of whole blocks, each run by the
+    same compiled program (the last chunk padded with copies of its last initialization
+    to the same shape) in its own thread. Blocks are the unchunked run's, so every
+    initialization's numbers are identical to it bit for bit.
+
+    Returns (outputs per chunk, inits n), or None where this does not apply (traced
+    inputs, another backend, one core or one block): then call `jitted` directly. Every
+    array leaf of an output must carry the inits axis first; `merge_chunks` joins them.
+    """
+    n = ensemble_size(model, objective)
+    workers = cpu_threads()
+    blocks = 0 if n is None else -(-n // _block)
+    leaves = jax.tree.leaves((model, objective, args, kwargs))
+    concrete = not any(isinstance(x, jax.core.Tracer) for x in leaves)
+    if workers < 2 or blocks < 2 or not concrete or jax.default_backend() != "cpu":
+        return None
+    per = -(-blocks // min(workers, blocks)) * _block
+    axes = (batch_axes(model), batch_axes(objective))
+    is_none = lambda x: x is None
+
+    def chunk(start):
+        index = np.minimum(np.arange(start, start + per), n - 1)
+        take = lambda ax, x: x if ax is None else x[index]
+        return jax.tree.map(take, axes, (model, objective), is_leaf=is_none)
+
+    chunks = [chunk(start) for start in range(0, n, per)]
+    compiled = jitted.lower(*chunks[0], *args, **kwargs).compile()  # once, cached by JAX
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        outs = list(pool.map(lambda c: jax.block_until_ready(compiled(*c, *args, **kwargs)), chunks))
+    return outs, n
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def merge_chunks(outs, n):
+    """The chunks' outputs joined along the inits axis, cut to the `n` initializations."""
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:n], *outs)

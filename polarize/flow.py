@@ -19,7 +19,16 @@ import jax.numpy as jnp
 
 from . import status as codes, stiff
 from .engine import batches, integrate
-from .ensembles import Precision, batch_axes, ensemble_size, exact_matmuls, float_dtype, over_inits
+from .ensembles import (
+    Precision,
+    batch_axes,
+    ensemble_size,
+    exact_matmuls,
+    float_dtype,
+    in_threads,
+    merge_chunks,
+    over_inits,
+)
 from .errors import check_choice, check_positive, refuse_if, shown
 from .fields import AbstractField, Modified, Path, prepare
 from .models import AbstractModel, params, with_params
@@ -153,7 +162,17 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model, block_size = with_params(model, [p[None] for p in params(model)]), 1
-    traj, crossed = _integrate(model, objective, field, ts, t0, t1, block_size, ends_only, targets, **options)
+    run = (field, ts, t0, t1, block_size, ends_only, targets)
+    chunked = None
+    if targets is None:  # (targets may hold per-init levels: those flows run whole)
+        chunked = in_threads(_integrate, model, objective, *run, _block=block_size, **options)
+    if chunked is None:
+        traj, crossed = _integrate(model, objective, *run, **options)
+    else:  # every leaf but the shared saved times carries the inits axis
+        outs, n = chunked
+        shared = [eqx.tree_at(lambda t: t.ts, traj, None) for traj, _ in outs]
+        traj, crossed = merge_chunks([(t, c) for t, (_, c) in zip(shared, outs)], n)
+        traj = eqx.tree_at(lambda t: t.ts, traj, outs[0][0].ts, is_leaf=lambda x: x is None)
     if single:
         traj = jax.tree.map(lambda x: x if x is traj.ts else x[0], traj)
         crossed = None if crossed is None else crossed[0]

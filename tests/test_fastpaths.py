@@ -4,6 +4,8 @@ The "span" form (V = V0 + X^T W for dataset objectives), reduced-coordinate
 gradient descent, the float32 mode and the block-size option.
 """
 
+import importlib
+
 import diffrax
 import jax
 import jax.extend
@@ -163,3 +165,32 @@ def test_float32_matrix_products_run_at_full_precision():
         assert found, name  # the logistic-data field multiplies matrices
         highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
         assert set(found) == {highest}, (name, set(found))
+
+
+def test_chunks_in_threads_give_the_unchunked_numbers(monkeypatch):
+    # On CPU, flow runs chunks of whole blocks side by side in threads (XLA runs one
+    # program's map over blocks on one core). 5 blocks of 4 on 2 threads: chunks of 3
+    # blocks, the second padded; every number must be the one-thread run's, bit for bit.
+    model = pz.init_ensemble(0, 18, tokens=4, dim=3, v_scale=0.5)
+    obj = pz.conditioned_regression(2, 3, 3, 3.0)
+    run = lambda: pz.flow(model, obj, t1=20.0, n_save=5, block_size=4)
+    monkeypatch.setenv("POLARIZE_THREADS", "1")
+    whole = run()
+    calls = []
+    real = pz.ensembles.in_threads
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(None if out is None else len(out[0]))
+        return out
+
+    monkeypatch.setattr(importlib.import_module("polarize.flow"), "in_threads", counted)
+    monkeypatch.setenv("POLARIZE_THREADS", "2")
+    chunked = run()
+    assert calls == [2]  # two chunks ran
+    assert chunked.V.shape == whole.V.shape and chunked.ts.shape == (5,)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.setenv("POLARIZE_THREADS", "two")
+    with pytest.raises(pz.PolarizeError, match="POLARIZE_THREADS must be a whole number >= 1"):
+        run()
