@@ -89,7 +89,12 @@ def descend(
         if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
-    traj = _descend(model, objective, optimizer, marks, field, block_size, plain)
+    run = (optimizer, marks, field, block_size, plain)
+    chunked = ensembles.in_threads(_descend, model, objective, *run, _block=block_size)
+    if chunked is None:
+        traj = _descend(model, objective, *run)
+    else:  # the saved times and step indices are shared, the rest is per initialization
+        traj = ensembles.merge_chunks(*chunked, shared=lambda t: (t.ts, t.steps))
     ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
     status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
     return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))

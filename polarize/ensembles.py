@@ -177,8 +177,8 @@ def in_threads(jitted, model, objective, *args, _block: int, **kwargs):
     initialization's numbers are identical to it bit for bit.
 
     Returns (outputs per chunk, inits n), or None where this does not apply (traced
-    inputs, another backend, one core or one block): then call `jitted` directly. Every
-    array leaf of an output must carry the inits axis first; `merge_chunks` joins them.
+    inputs, another backend, one core or one block): then call `jitted` directly.
+    `merge_chunks` joins the outputs.
     """
     n = ensemble_size(model, objective)
     workers = cpu_threads()
@@ -203,7 +203,18 @@ def in_threads(jitted, model, objective, *args, _block: int, **kwargs):
     return outs, n
 
 
+def merge_chunks(outs, n, shared=lambda out: ()):
+    """The chunks' outputs joined along the inits axis, cut to the `n` initializations.
+
+    `shared(out)` names the leaves without an inits axis (a trajectory's saved times,
+    say): those are taken from the first chunk.
+    """
+    is_none = lambda x: x is None
+    strip = lambda out: eqx.tree_at(shared, out, replace_fn=lambda _: None, is_leaf=is_none)
+    joined = _joined([strip(out) for out in outs], n)
+    return eqx.tree_at(shared, joined, shared(outs[0]), is_leaf=is_none)
+
+
 @functools.partial(jax.jit, static_argnums=1)
-def merge_chunks(outs, n):
-    """The chunks' outputs joined along the inits axis, cut to the `n` initializations."""
+def _joined(outs, n):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:n], *outs)

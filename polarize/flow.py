@@ -169,10 +169,7 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
     if chunked is None:
         traj, crossed = _integrate(model, objective, *run, **options)
     else:  # every leaf but the shared saved times carries the inits axis
-        outs, n = chunked
-        shared = [eqx.tree_at(lambda t: t.ts, traj, None) for traj, _ in outs]
-        traj, crossed = merge_chunks([(t, c) for t, (_, c) in zip(shared, outs)], n)
-        traj = eqx.tree_at(lambda t: t.ts, traj, outs[0][0].ts, is_leaf=lambda x: x is None)
+        traj, crossed = merge_chunks(*chunked, shared=lambda out: out[0].ts)
     if single:
         traj = jax.tree.map(lambda x: x if x is traj.ts else x[0], traj)
         crossed = None if crossed is None else crossed[0]

@@ -16,6 +16,7 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -25,7 +26,7 @@ import numpy as np
 from .config import SweepConfig
 from .descent import descend
 from .devices import barrier, my_chunks, over_devices
-from .ensembles import BLOCK_SIZE
+from .ensembles import BLOCK_SIZE, cpu_threads
 from .errors import PolarizeError
 from .hitting import descent_hitting_times, flow_and_crossings, logistic_rate, restarted_hitting_times
 from .statistics import distribution, final_statistics
@@ -128,11 +129,18 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     """
     objective = config.build_objective()
     size = min(PIECE, -(-(stop - start) // BLOCK_SIZE) * BLOCK_SIZE)
-    parts = []
-    for lo in range(start, stop, size):
-        hi = min(lo + size, stop)
+
+    def piece(lo):
         out = measure(config, config.build_model(lo, lo + size), objective, devices=devices)
-        parts.append({k: np.asarray(v)[: hi - lo] for k, v in out.items()})
+        return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
+
+    starts = list(range(start, stop, size))
+    parts = [piece(starts[0])]  # compiles (once per run); the other pieces reuse it
+    # XLA's CPU runtime runs a program on one core: on one CPU device, pieces run side
+    # by side in `cpu_threads()` threads (the same programs, so the same numbers)
+    one_cpu = jax.default_backend() == "cpu" and len(devices or jax.local_devices()) == 1
+    with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
+        parts += list(pool.map(piece, starts[1:]))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 

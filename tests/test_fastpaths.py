@@ -191,6 +191,14 @@ def test_chunks_in_threads_give_the_unchunked_numbers(monkeypatch):
     assert chunked.V.shape == whole.V.shape and chunked.ts.shape == (5,)
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # descend too (its saved times and step indices are shared by the chunks)
+    descents = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("POLARIZE_THREADS", threads)
+        descents[threads] = pz.descend(model, obj, 0.1, steps=30, n_save=3, block_size=4)
+    assert descents["2"].steps.shape == (3,) and descents["2"].V.shape[0] == 18
+    for a, b in zip(jax.tree.leaves(descents["1"]), jax.tree.leaves(descents["2"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     monkeypatch.setenv("POLARIZE_THREADS", "two")
     with pytest.raises(pz.PolarizeError, match="POLARIZE_THREADS must be a whole number >= 1"):
         run()
