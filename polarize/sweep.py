@@ -135,13 +135,21 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     starts = list(range(start, stop, size))
-    parts = [piece(starts[0])]  # compiles (once per run); the other pieces reuse it
+    parts = []
+    key = (repr(config), size, tuple(devices or ()))
+    if key not in _COMPILED:  # the first piece alone compiles; the others reuse it
+        parts.append(piece(starts.pop(0)))
+        _COMPILED.add(key)
     # XLA's CPU runtime runs a program on one core: on one CPU device, pieces run side
     # by side in `cpu_threads()` threads (the same programs, so the same numbers)
     one_cpu = jax.default_backend() == "cpu" and len(devices or jax.local_devices()) == 1
     with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
-        parts += list(pool.map(piece, starts[1:]))
+        parts += list(pool.map(piece, starts))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+#: (config, piece size, devices) whose programs this process has compiled.
+_COMPILED: set = set()
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
