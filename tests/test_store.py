@@ -82,9 +82,12 @@ def test_resume_with_a_different_config_is_refused(reference, capsys):
     assert "has no config.json" in capsys.readouterr().err
 
 
-def test_results_do_not_depend_on_chunk_size(reference, tmp_path):
+def test_results_do_not_depend_on_chunk_size(reference, tmp_path, monkeypatch):
+    # chunks of 2560: three pieces of 1024 each (the last half empty), run two at a time
+    # in threads, against chunks of 128 run one piece at a time
+    monkeypatch.setenv("POLARIZE_THREADS", "2")
     out = tmp_path / "big-chunks"
-    assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "1000", "--out", str(out)]) == 0
+    assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "2560", "--out", str(out)]) == 0
     assert_same_results(out, reference)
 
 
