@@ -230,6 +230,7 @@ def run_sweep(
 
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
+    cpu_threads()  # a bad POLARIZE_THREADS is refused before anything is written
     jax.config.update("jax_enable_x64", True)  # sweeps are float64 throughout
     out = Path(out)
     if resume:

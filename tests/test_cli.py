@@ -117,6 +117,15 @@ def test_bad_input_one_line_and_exit_2(args, message, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("value", ["two", "0"])
+def test_bad_thread_count_is_refused_before_anything_is_written(value, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("POLARIZE_THREADS", value)
+    assert main(["sweep", *SMALL, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"polarize: error: POLARIZE_THREADS must be a whole number >= 1; got {value!r}\n"
+    assert not (tmp_path / "x").exists()
+
+
 def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys):
     out = tmp_path / "full"
     out.mkdir()
