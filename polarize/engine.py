@@ -108,6 +108,7 @@ def integrate(
     method: Method = "batched",
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     crossings: Callable | None = None,
+    finish: Callable | None = None,
 ) -> Solution:
     """Solve dy/ds = field(s, y, args) from t0 to t1 for every initialization.
 
@@ -130,6 +131,11 @@ def integrate(
             crossing time is located on that step's dense output (Chandrupatla's
             method, to rounding), so every accepted step is checked, not only saved times.
             Batched method only (`batches`); the times are in `Solution.crossed`.
+        finish: optional finish(ys, status, args) -> (outputs, status) of ONE
+            initialization (ys leaves with the times first), applied to each block as
+            soon as it is solved, while its saved states are still in cache; the solution
+            then holds `outputs` in place of the saved states (`Solution.ys`), and the
+            status it returns.
 
     Status per initialization (`polarize.status`): OK; MAX_STEPS when `max_steps`
     steps did not reach t1; SOLVER_FAILED when the controller fails or the step size
@@ -167,6 +173,7 @@ def integrate(
                 state_size=sum(x[0].size for x in jax.tree.leaves(y0)),
                 crossings=crossings,
                 unflat=unflat,
+                finish=finish,
             ),
             (y0, _split(args, args_axes)[0]),
             block_size=block_size,
@@ -194,7 +201,11 @@ def integrate(
             adjoint=adjoint,
             throw=False,
         )
-        return sol.ys, status_of(sol.result), sol.stats["num_accepted_steps"]
+        status = status_of(sol.result)
+        ys = sol.ys
+        if finish is not None:
+            ys, status = finish(ys, status, eqx.combine(batched_args, shared))
+        return ys, status, sol.stats["num_accepted_steps"]
 
     ys, status, steps = blockwise(lambda x: solve_one(*x), (y0, batched), block_size=block_size)
     return Solution(ys=ys, status=status, steps=steps)
@@ -219,8 +230,8 @@ def _flattened(y0, field, crossings=None):
     def flat_field(t, y, args):
         return ravel(field(t, unravel(y), args))
 
-    def unflat(ys):  # (inits, size) -> the state's pytree with inits in front
-        return jax.vmap(unravel)(ys)
+    def unflat(ys):  # (inits, times, size) -> the state's pytree with (inits, times) in front
+        return jax.vmap(jax.vmap(unravel))(ys)
 
     flat_crossings = None if crossings is None else (lambda t, y, args: crossings(t, unravel(y), args))
     return (jax.vmap(ravel)(y0), flat_field, flat_crossings), unflat
@@ -235,8 +246,8 @@ def _split(args, args_axes):
     return eqx.partition(args, mask)
 
 
-#: Saved times written per accepted step without a loop (see `_batched_solver`).
-SAVE_UNROLL = 2
+#: Saved times interpolated and written at once per accepted step (see `_batched_solver`).
+SAVE_SLOTS = 4
 
 
 class _State(eqx.Module):
@@ -251,7 +262,7 @@ class _State(eqx.Module):
     steps: Array
     accepted: Array
     save_index: Array
-    saved: PyTree  # (inits, times, ...), written in place
+    saved: PyTree  # (..., times, inits) or (inits, times, ...) by the layout, written in place
     # crossings (empty tuples without): per target and init, whether reached, and the
     # accepted step [lo_t, hi_t] from state lo_y (with f = lo_f) in which it first was
     found: Array | tuple = ()
@@ -299,6 +310,7 @@ def _batched_solver(
     state_size,
     crossings=None,
     unflat=lambda y: y,
+    finish=None,
 ):
     """The stepping loop for one block of initializations, around diffrax's own numerics.
 
@@ -385,37 +397,40 @@ def _batched_solver(
     locate = jax.vmap(
         jax.vmap(locate, in_axes=(-1, -1, axis, axis, axis, None)), in_axes=(0, 0, 0, 0, None, 0)
     )
-    interpolate_v = _lastaxis(interpolate, axis)
+    interpolate_k = jax.vmap(_lastaxis(interpolate, axis), in_axes=(None, None, None, 0))  # (k, inits) times
 
     def solve_block(block):
         y0, batched = block
+        batched_inits_first = batched
         size = jax.tree.leaves(y0)[0].shape[0]
-        rows = jnp.arange(size)
         to_last = lambda tree: jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), tree)
         y0, batched = to_last(y0), to_last(batched)
         tnext, controller_state, solver_state = start(y0, batched)
         like = lambda x: jnp.broadcast_to(x, (size,))
         zeros = jnp.zeros(size, jnp.int32)
 
-        # saved states are kept in the state's own pytree (unflattened as they are
-        # written), so the solution needs no pass over the (inits, saves, state) arrays
-        inits_first = lambda y: unflat(jax.tree.map(lambda x: jnp.moveaxis(x, axis, 0), y))
+        # Saved states: (inits, slots, ...) per leaf, SAVE_SLOTS slots of padding after
+        # the n_save times. Each accepted step writes a window of SAVE_SLOTS consecutive
+        # slots per init from its first unsaved one (one scatter of contiguous rows): the
+        # slots the step crossed get their values, the later ones are overwritten by the
+        # steps that cross them. Slots never reached (a failed init) are set to inf
+        # after the loop.
+        pad = 0 if ends_only else SAVE_SLOTS
 
-        def write(saved, index, mask, y):
-            index = jnp.where(mask, index, n_save)  # masked rows write out of bounds: dropped
-            return jax.tree.map(
-                lambda buf, x: buf.at[rows, index].set(
-                    x, mode="drop", unique_indices=True, indices_are_sorted=True
-                ),
-                saved,
-                inits_first(y),
-            )
+        def write(saved, index, y):  # y leaves (k, ..., inits) or (k, inits, ...)
+            rows_first = lambda x: jnp.moveaxis(x, (0, axis), (1, 0)) if axis == -1 else jnp.moveaxis(x, 0, 1)
+            put = jax.vmap(lambda buf, x, i: jax.lax.dynamic_update_slice_in_dim(buf, x, i, axis=0))
+            return jax.tree.map(lambda buf, x: put(buf, rows_first(x), index), saved, y)
 
         saved = jax.tree.map(
-            lambda x: jnp.full((size, n_save) + x.shape[1:], jnp.inf, x.dtype), inits_first(y0)
+            lambda x: jnp.full(
+                (size, n_save + pad) + (x.shape[:-1] if axis == -1 else x.shape[1:]), jnp.inf, x.dtype
+            ),
+            y0,
         )
+        one = lambda y: jax.tree.map(lambda x: x[None], y)
         if ends_only:
-            saved = write(saved, zeros, jnp.ones(size, bool), y0)
+            saved = write(saved, zeros, one(y0))
         tprev = like(jnp.asarray(t0, tnext.dtype))
         hits = {}
         if crossings is not None:  # a target reached at the start: lo_t = hi_t = t0
@@ -456,25 +471,24 @@ def _batched_solver(
             stuck = going & ~keep & ~(tnext > tprev)  # the step size collapsed to zero
             saved, save_index = s.saved, s.save_index
             if not ends_only:
+                # The next SAVE_SLOTS save times are interpolated at once for every init
+                # and written as one window; a loop takes any further ones (a step that
+                # crossed more than SAVE_SLOTS save times).
+                offsets = jnp.arange(SAVE_SLOTS)[:, None]
 
-                def due(c):
-                    index, _ = c
+                def due(index):
                     return keep & (index < n_save) & (ts[jnp.minimum(index, n_save - 1)] <= s.tnext)
 
                 def save(c):
                     index, saved = c
-                    mask = due(c)
-                    t = ts[jnp.minimum(index, n_save - 1)]
-                    y_t = interpolate_v(s.tprev, s.tnext, dense, t)
-                    return index + mask, write(saved, index, mask, y_t)
+                    slots = index[None] + offsets
+                    t = ts[jnp.minimum(slots, n_save - 1)]
+                    crossed = keep[None] & (slots < n_save) & (t <= s.tnext[None])
+                    y_t = interpolate_k(s.tprev, s.tnext, dense, t)
+                    return index + jnp.sum(crossed, 0, dtype=index.dtype), write(saved, index, y_t)
 
-                # A step usually crosses a save time or two: those are written without a
-                # loop (masked), a loop takes any further ones.
-                carry = (save_index, saved)
-                for _ in range(SAVE_UNROLL):
-                    carry = save(carry)
                 save_index, saved = eqxi.while_loop(
-                    lambda c: jnp.any(due(c)), save, carry, max_steps=n_save, kind=kind
+                    lambda c: jnp.any(due(c[0])), save, save((save_index, saved)), max_steps=n_save, kind=kind
                 )
             status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
             status = jnp.where(stuck, codes.SOLVER_FAILED, status)
@@ -513,7 +527,19 @@ def _batched_solver(
         status = jnp.where((s.status == codes.OK) & (s.tprev < t1), codes.MAX_STEPS, s.status)
         saved = s.saved
         if ends_only:
-            saved = write(saved, zeros + 1, jnp.ones(size, bool), s.y)
+            saved = write(saved, zeros + 1, one(s.y))
+        else:  # the padding dropped, and the slots an init never reached set to inf
+            unreached = jnp.arange(n_save)[None, :] >= s.save_index[:, None]
+            saved = jax.tree.map(
+                lambda x: jnp.where(
+                    unreached.reshape(unreached.shape + (1,) * (x.ndim - 2)), jnp.inf, x[:, :n_save]
+                ),
+                saved,
+            )
+        saved = unflat(saved)
+        if finish is not None:
+            with_args = lambda ys, status, b: finish(ys, status, eqx.combine(b, shared))
+            saved, status = jax.vmap(with_args)(saved, status, batched_inits_first)
         crossed = None
         if crossings is not None:
             # located on the recorded step's dense output (not differentiated through)

@@ -145,11 +145,11 @@ class Reduced(AbstractField):
         return (bb * e * s, e * model.norm.vjp(a, u))
 
     def observe(self, y, model, objective, constants=None):
-        # L = l(<b, V s>) = l(<u, s>): the loss of beta = b <u, s> / |b|^2, without V
-        bb = self.constants(model, objective) if constants is None else constants
+        # L = l(<b, V s>) = l(<u, s>), without V (the margin summed out, not a dot: vmapped
+        # over saved times a dot becomes many tiny matrix products)
         u, a = y
         s = model.norm(a)
-        return s, objective(objective.direction() * (jnp.dot(u, s) / bb))
+        return s, objective.of_margin(jnp.sum(u * s))
 
     def value_path(self, ys, model, objective):
         u, a = ys

@@ -34,7 +34,7 @@ from .fields import AbstractField, Modified, Path, prepare
 from .models import AbstractModel, params, with_params
 from .objectives import AbstractObjective
 from .times import check_times
-from .trajectory import Trajectory, all_finite, observe
+from .trajectory import Trajectory, all_finite
 
 Clock = Literal["log", "linear"]
 
@@ -213,6 +213,16 @@ def _integrate(
     # the targets' levels ride along only when there are targets (an empty leaf would
     # trip diffrax's backsolve adjoint, which rebuilds the args)
     args = (model, objective, constants) + ((levels,) if targets is not None else ())
+
+    def finish(ys, status, args):  # one init's saved states -> what the trajectory keeps
+        model, objective, constants = args[:3]
+        path, a = field.value_path(ys, model, objective)
+        # the field's own observation (the reduced field's needs no V)
+        weights, loss = jax.vmap(lambda y: field.observe(y, model, objective, constants))(ys)
+        finite = all_finite((path, a, weights, loss))
+        status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
+        return (path, a, weights, loss), status
+
     solution = integrate(
         vector_field,
         y0,
@@ -225,20 +235,10 @@ def _integrate(
         block_size=block_size,
         stepsize_controller=controller,
         crossings=crossings,
+        finish=finish,
         **options,
     )
-
-    def finish(model, objective, solved):
-        ys, status = solved
-        path, a = field.value_path(ys, model, objective)
-        weights, loss = observe(model, objective, path, a)
-        finite = all_finite((path, a, weights, loss))
-        status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
-        return path, a, weights, loss, status
-
-    V, a, weights, loss, status = over_inits(
-        finish, model, objective, per_init=(solution.ys, solution.status), block_size=block_size
-    )
+    (V, a, weights, loss), status = solution.ys, solution.status
     ok = status == codes.OK
     traj = Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps)
     crossed = solution.crossed

@@ -38,6 +38,14 @@ class AbstractObjective(eqx.Module):
         """The target direction b when the loss depends on beta only through <b, beta>."""
         return None
 
+    def of_margin(self, margin: Float[Array, ""]) -> Float[Array, ""]:
+        """l(m), the loss at margin m = <b, beta>, for an objective of one direction b.
+
+        By default the loss of beta = b m / |b|^2; a final class may write l itself.
+        """
+        b = self.direction()
+        return self(b * (margin / jnp.dot(b, b)))
+
     @property
     def batch_size(self) -> int | None:
         for name, nd in self.core_ndim.items():
@@ -89,6 +97,9 @@ class LogisticDirection(AbstractObjective):
     def residual(self, margin: Float[Array, ""]) -> Float[Array, ""]:
         """e = -l'(m) for l(m) = log(1 + exp(-m))."""
         return jax.nn.sigmoid(-margin)
+
+    def of_margin(self, margin):
+        return jax.nn.softplus(-margin)
 
     def direction(self):
         return self.b

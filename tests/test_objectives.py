@@ -58,6 +58,27 @@ def test_residuals_match_their_formulas():
     np.testing.assert_allclose(objs["logistic-direction"].residual(z[0]), expit(-z[0]), rtol=1e-12)
 
 
+def test_loss_of_the_margin_matches_the_loss_of_beta():
+    """l(m) for an objective of one direction: log(1 + e^-m) (numpy), and the default,
+    the loss of beta = b m / |b|^2, for a direction of any length."""
+    obj = objectives()["logistic-direction"]
+    margins = np.array([-30.0, -1.5, 0.0, 0.7, 40.0])
+    for m in margins:
+        np.testing.assert_allclose(obj.of_margin(m), np.logaddexp(0.0, -m), rtol=1e-13)
+
+    class Scaled(pz.objectives.AbstractObjective):  # l(<b, beta>) with |b| = 2, no l written
+        core_ndim = {}
+
+        def __call__(self, beta):
+            return jnp.cosh(jnp.dot(jnp.array([2.0, 0.0, 0.0]), beta) - 1.0)
+
+        def direction(self):
+            return jnp.array([2.0, 0.0, 0.0])
+
+    for m in margins[1:4]:
+        np.testing.assert_allclose(Scaled().of_margin(m), np.cosh(m - 1.0), rtol=1e-13)
+
+
 def test_cross_entropy_minimum_is_the_entropy_of_p():
     """L(log p) = H(p): the value at the optimum, an identity independent of the code."""
     obj = objectives()["cross-entropy"]
