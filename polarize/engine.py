@@ -11,10 +11,13 @@ of accepted steps.
 initializations around diffrax's own numerics: the explicit solver's Butcher tableau
 (stages written out), `PIDController.adapt_step_size`, and the solver's dense
 interpolation for the saved times, each initialization with its own adaptive steps.
-The block keeps the inits axis last (struct of arrays), a saved time is written inside
-the loop only for the inits whose accepted step crossed it, and finished inits are
-frozen. It takes the same steps as diffeqsolve (same tableau, controller and first
-step), so results agree to rounding. The loop is `equinox.internal.while_loop`:
+The block keeps the inits axis last (struct of arrays); each accepted step interpolates
+the next few save times at once and writes them as one contiguous window per init (the
+ones it crossed are kept, the rest overwritten later), and finished inits are frozen.
+A `finish` function turns each block's saved states into what the caller keeps while
+they are still in cache, so the full (inits, times, state) array need never exist.
+The loop takes the same steps as diffeqsolve (same tableau, controller and first step),
+so results agree to rounding. The loop is `equinox.internal.while_loop`:
 checkpointed (reverse-mode differentiable, as diffrax's own) by default, a plain
 `lax` loop for `diffrax.ForwardMode`.
 
@@ -45,7 +48,8 @@ METHODS = ("batched", "diffeqsolve")
 
 
 class Solution(eqx.Module):
-    """States at the save times, per initialization: ys leaves are (inits, times, ...).
+    """States at the save times, per initialization: ys leaves are (inits, times, ...)
+    (or, where `integrate` was given `finish`, its outputs with the inits axis first).
 
     `crossed` (when `integrate` was given `crossings`): per initialization and target,
     the solver time at which that target's gap first reached 0 (t0 when it is >= 0 at
@@ -320,7 +324,7 @@ def _batched_solver(
     the inits axis last (struct of arrays), so reductions over tokens and dims become
     elementwise operations across inits. An initialization that has finished is
     frozen; the loop stops when every one has. Saved times are interpolated inside the
-    loop, only for the inits whose accepted step crossed one. With `crossings`, each
+    loop, SAVE_SLOTS at a time (see `write`). With `crossings`, each
     accepted state's gaps are checked, and the step where a gap first reached 0 is kept
     for `_locate` after the loop.
     """

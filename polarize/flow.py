@@ -88,9 +88,28 @@ def flow(
 
 
 def integrate_flow(
-    model, objective, t1, t0, n_save, ts, path, precision, block_size, *, targets=None, **options
+    model,
+    objective,
+    t1,
+    t0,
+    n_save,
+    ts,
+    path,
+    precision,
+    block_size,
+    *,
+    targets=None,
+    reduce=None,
+    **options,
 ):
-    """`flow`'s body; with `targets` (see `polarize.hitting`) also their crossing times."""
+    """`flow`'s body; with `targets` (see `polarize.hitting`) also their crossing times.
+
+    `reduce(path, a, weights, loss, ok, objective)`, given with `targets`, maps ONE
+    initialization's trajectory (times first) to the numbers kept of it. Where the
+    crossings come from the batched loop, it runs on each block as soon as it is solved
+    and the trajectories are never stored: the result is then a dict of its outputs
+    with `ok`, `status` and `steps`, in place of the `Trajectory`.
+    """
     model, objective, field, block_size = prepare(
         model, objective, path=path, precision=precision, block_size=block_size
     )
@@ -99,7 +118,17 @@ def integrate_flow(
         options["clock"] = options["clock"] or default_clock
     options["clock"] = options["clock"] or "log"
     return _solve(
-        model, objective, field, t0, t1, n_save, ts, block_size=block_size, targets=targets, **options
+        model,
+        objective,
+        field,
+        t0,
+        t1,
+        n_save,
+        ts,
+        block_size=block_size,
+        targets=targets,
+        reduce=reduce,
+        **options,
     )
 
 
@@ -142,7 +171,7 @@ def modified_flow(
     return _solve(model, objective, field, t0, t1, n_save, ts, block_size=block_size, **options)
 
 
-def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=None, **options):
+def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=None, reduce=None, **options):
     """The options' checks, then one integration (the body both drivers share).
 
     Returns the `Trajectory`; with `targets`, (trajectory, crossing times or None where
@@ -162,7 +191,7 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model, block_size = with_params(model, [p[None] for p in params(model)]), 1
-    run = (field, ts, t0, t1, block_size, ends_only, targets)
+    run = (field, ts, t0, t1, block_size, ends_only, targets, reduce)
     chunked = None
     if targets is None:  # (targets may hold per-init levels: those flows run whole)
         chunked = in_threads(_integrate, model, objective, *run, _block=block_size, **options)
@@ -171,7 +200,8 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
     else:  # every leaf but the shared saved times carries the inits axis
         traj, crossed = merge_chunks(*chunked, shared=lambda out: out[0].ts)
     if single:
-        traj = jax.tree.map(lambda x: x if x is traj.ts else x[0], traj)
+        shared = traj.ts if isinstance(traj, Trajectory) else None
+        traj = jax.tree.map(lambda x: x if x is shared else x[0], traj)
         crossed = None if crossed is None else crossed[0]
     return traj if targets is None else (traj, crossed)
 
@@ -179,7 +209,19 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
 @eqx.filter_jit
 @exact_matmuls
 def _integrate(
-    model, objective, field: AbstractField, ts, t0, t1, block_size, ends_only, targets, *, clock, **options
+    model,
+    objective,
+    field: AbstractField,
+    ts,
+    t0,
+    t1,
+    block_size,
+    ends_only,
+    targets,
+    reduce,
+    *,
+    clock,
+    **options,
 ):
     to_solver = jnp.log1p if clock == "log" else (lambda t: t)
     from_solver = jnp.expm1 if clock == "log" else (lambda s: s)
@@ -221,7 +263,11 @@ def _integrate(
         weights, loss = jax.vmap(lambda y: field.observe(y, model, objective, constants))(ys)
         finite = all_finite((path, a, weights, loss))
         status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
+        if reduced:
+            return reduce(path, a, weights, loss, status == codes.OK, objective), status
         return (path, a, weights, loss), status
+
+    reduced = reduce is not None and crossings is not None
 
     solution = integrate(
         vector_field,
@@ -238,9 +284,15 @@ def _integrate(
         finish=finish,
         **options,
     )
-    (V, a, weights, loss), status = solution.ys, solution.status
+    status = solution.status
     ok = status == codes.OK
-    traj = Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps)
+    if reduced:
+        traj = dict(solution.ys, ok=ok, status=status, steps=solution.steps)
+    else:
+        V, a, weights, loss = solution.ys
+        traj = Trajectory(
+            ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=solution.steps
+        )
     crossed = solution.crossed
     if crossed is not None:  # solver clock -> flow time (a target reached at the start: t0 exactly)
         crossed = jnp.where(crossed == s0, t0, from_solver(crossed))

@@ -139,10 +139,14 @@ def flow_with_hitting_times(
     return traj, times
 
 
-def flow_and_crossings(model, objective, *, t1, levels=LEVELS, loss_fraction=LOSS_FRACTION, **options):
+def flow_and_crossings(
+    model, objective, *, t1, levels=LEVELS, loss_fraction=LOSS_FRACTION, reduce=None, **options
+):
     """(trajectory, hitting times) where the batched loop located them, else (trajectory, None).
 
-    `options` are `flow`'s keyword arguments (its own defaults apply).
+    `options` are `flow`'s keyword arguments (its own defaults apply). With `reduce`
+    (see `flow.integrate_flow`) and hitting times, the dict of its outputs (with `ok`,
+    `status` and `steps`) comes in place of the trajectory.
     """
     levels = _check(levels, loss_fraction)
     defaults = {
@@ -156,7 +160,7 @@ def flow_and_crossings(model, objective, *, t1, levels=LEVELS, loss_fraction=LOS
     o = {**defaults, **options}
     positional = [o.pop(k) for k in ("t0", "n_save", "ts", "path", "precision", "block_size")]
     traj, crossed = integrate_flow(
-        model, objective, t1, *positional, targets=_targets(levels, loss_fraction), **o
+        model, objective, t1, *positional, targets=_targets(levels, loss_fraction), reduce=reduce, **o
     )
     if crossed is None:
         return traj, None

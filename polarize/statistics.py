@@ -142,7 +142,7 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
     """
     n = traj.ok.shape[0]
     b = objective.direction()
-    flags = b is not None and traj.a.shape[-1] == traj.value_path.shape[-1]
+    flags = order_flags_apply(objective, traj.value_path, traj.a)
     b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.a.dtype)
     keep = None if keep is None else tuple(int(k) for k in np.asarray(keep).reshape(-1))  # static
     return _final_by_block(traj.value_path, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
@@ -151,30 +151,37 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
 @eqx.filter_jit
 @exact_matmuls
 def _final_by_block(path, a, weights, loss, ok, b, flags, keep):
-    def one(arrays):
-        path, a, weights, loss, ok, b = arrays
-        # failed states are replaced by a finite stand-in, and their numbers by NaN
-        path, a, weights, loss = jax.tree.map(
-            lambda x: jnp.where(ok, x, jnp.zeros_like(x)), (path, a, weights, loss)
-        )
-        # the weight statistics at the kept times and the last only (elementwise per
-        # time, so the same numbers as `summarize`'s over every time, to the last bit)
-        times = (
-            np.arange(weights.shape[0]) if keep is None else np.unique(np.append(keep, -1) % weights.shape[0])
-        )
-        every = weight_series(weights[times])
-        out = {f"final_{k}": v[-1] for k, v in every.items()}
-        out["final_top_share"] = top_singular_share(path.at(-1))
-        out["final_loss"] = loss[-1]
-        if flags:
-            out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b).items()})
-        if keep is not None:
-            at = np.searchsorted(times, np.asarray(keep) % weights.shape[0])
-            out["snap_max_weight"] = every["max_weight"][at].astype(jnp.float32)
-            out["snap_entropy"] = every["entropy"][at].astype(jnp.float32)
-        return {k: _failed(v, ok) for k, v in out.items()}
-
+    one = lambda arrays: final_of_one(*arrays, flags=flags, keep=keep)
     return blockwise(one, (path, a, weights, loss, ok, b))
+
+
+def final_of_one(path: ValuePath, a, weights, loss, ok, b, *, flags: bool, keep) -> dict[str, Array]:
+    """`final_statistics` of ONE initialization (times first); `flags`: with the order
+    statistics along direction b; `keep`: a static tuple of saved-time indices or None."""
+    # failed states are replaced by a finite stand-in, and their numbers by NaN
+    path, a, weights, loss = jax.tree.map(
+        lambda x: jnp.where(ok, x, jnp.zeros_like(x)), (path, a, weights, loss)
+    )
+    # the weight statistics at the kept times and the last only (elementwise per
+    # time, so the same numbers as `summarize`'s over every time, to the last bit)
+    n_times = weights.shape[0]
+    times = np.arange(n_times) if keep is None else np.unique(np.append(keep, -1) % n_times)
+    every = weight_series(weights[times])
+    out = {f"final_{k}": v[-1] for k, v in every.items()}
+    out["final_top_share"] = top_singular_share(path.at(-1))
+    out["final_loss"] = loss[-1]
+    if flags:
+        out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b).items()})
+    if keep is not None:
+        at = np.searchsorted(times, np.asarray(keep) % n_times)
+        out["snap_max_weight"] = every["max_weight"][at].astype(jnp.float32)
+        out["snap_entropy"] = every["entropy"][at].astype(jnp.float32)
+    return {k: _failed(v, ok) for k, v in out.items()}
+
+
+def order_flags_apply(objective: AbstractObjective, path: ValuePath, a) -> bool:
+    """Whether `final_statistics` reports the order statistics for this objective and trajectory."""
+    return objective.direction() is not None and a.shape[-1] == path.shape[-1]
 
 
 def _failed(x, ok):

@@ -29,7 +29,7 @@ from .devices import barrier, my_chunks, over_devices
 from .ensembles import BLOCK_SIZE, cpu_threads
 from .errors import PolarizeError
 from .hitting import descent_hitting_times, flow_and_crossings, logistic_rate, restarted_hitting_times
-from .statistics import distribution, final_statistics
+from .statistics import distribution, final_of_one, final_statistics, order_flags_apply
 from .storage import read_json, write_json
 from .store import ChunkStore
 from .trajectory import Trajectory
@@ -75,11 +75,39 @@ def _solved(config: SweepConfig):
     )
 
     def solved(model, objective):
-        traj, times = solve_with_times(config, model, objective)
+        if config.method == "flow":
+            result, times = flow_and_crossings(
+                model, objective, reduce=_reducer(config), **_flow_options(config)
+            )
+            if times is not None:  # reduced block by block: no trajectory was stored
+                return {"reduced": result, "times": times}
+            traj = result
+        else:
+            traj, times = solve_with_times(config, model, objective)
         stats = final_statistics(traj, objective, keep=config.snapshot_index())
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
     return solved
+
+
+@functools.lru_cache(maxsize=16)
+def _reducer(config: SweepConfig):
+    """What a flow sweep keeps of ONE initialization's trajectory (`integrate_flow`'s
+    `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
+    them from stored trajectories. One function object per config (a compiled program's key)."""
+    keep = tuple(int(k) for k in config.snapshot_index())
+    ts, t1, rate = config.times(), config.horizon(), config.fits_rate()
+
+    def reduce(path, a, weights, loss, ok, objective):
+        flags = order_flags_apply(objective, path, a)
+        b = objective.direction() if flags else jnp.zeros(1, a.dtype)
+        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep)
+        if rate:
+            fit = logistic_rate(ts, jnp.max(distribution(weights), axis=-1), t1=t1)
+            out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
+        return out
+
+    return reduce
 
 
 def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
@@ -91,6 +119,10 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     bisection) rounds differently inside `shard_map`.
     """
     out = over_devices(_solved(config), model, objective, devices)
+    if "reduced" in out:
+        reduced = dict(out["reduced"])
+        ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))
+        return {**reduced, **out["times"], "solver_steps": steps, "ok": ok, "status": status}
     parts = out["traj"]
     traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
     times = out["times"]
