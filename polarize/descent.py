@@ -90,11 +90,11 @@ def descend(
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
     run = (optimizer, marks, field, block_size, plain)
-    chunked = ensembles.in_threads(_descend, model, objective, *run, _block=block_size)
-    if chunked is None:
+    # the saved times and step indices are shared, the rest is per initialization
+    shared = lambda t: (t.ts, t.steps)
+    traj = ensembles.in_threads(_descend, model, objective, *run, _block=block_size, _shared=shared)
+    if traj is None:
         traj = _descend(model, objective, *run)
-    else:  # the saved times and step indices are shared, the rest is per initialization
-        traj = ensembles.merge_chunks(*chunked, shared=lambda t: (t.ts, t.steps))
     ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
     status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
     return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))

@@ -17,6 +17,7 @@ adaptive solvers small.
 
 import functools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -180,21 +181,23 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def in_threads(jitted, model, objective, *args, _block: int, **kwargs):
+def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out: (), **kwargs):
     """`jitted(model, objective, *args, **kwargs)` as chunks of whole blocks run side by side.
 
-    `_block` is the block size `jitted` maps over.
+    `_block` is the block size `jitted` maps over; `_shared(out)` names the output leaves
+    without an inits axis (a trajectory's saved times, say), taken from the first chunk.
 
     XLA's CPU runtime runs a program's sequential map over blocks on one core, however
     many the machine has. With concrete inputs on CPU and at least two blocks, the
     initializations are cut into `cpu_threads()` chunks of whole blocks, each run by the
     same compiled program (the last chunk padded with copies of its last initialization
     to the same shape) in its own thread. Blocks are the unchunked run's, so every
-    initialization's numbers are identical to it bit for bit.
+    initialization's numbers are identical to it bit for bit. Each thread copies its
+    chunk into its rows of the joined outputs (host buffers that JAX then reads without
+    a copy), so joining costs no pass of its own.
 
-    Returns (outputs per chunk, inits n), or None where this does not apply (traced
-    inputs, another backend, one core or one block): then call `jitted` directly.
-    `merge_chunks` joins the outputs.
+    Returns the joined outputs, or None where this does not apply (traced inputs,
+    another backend, one core or one block): then call `jitted` directly.
     """
     n = ensemble_size(model, objective)
     workers = cpu_threads()
@@ -214,23 +217,34 @@ def in_threads(jitted, model, objective, *args, _block: int, **kwargs):
 
     chunks = [chunk(start) for start in range(0, n, per)]
     compiled = jitted.lower(*chunks[0], *args, **kwargs).compile()  # once, cached by JAX
+    strip = lambda out: eqx.tree_at(_shared, out, replace_fn=lambda _: None, is_leaf=is_none)
+    joined, lock = [], threading.Lock()
+
+    def run(i):
+        whole = jax.block_until_ready(compiled(*chunks[i], *args, **kwargs))
+        out = strip(whole)
+        with lock:  # the first chunk done allocates the joined outputs
+            if not joined:
+                empty = lambda x: _aligned_empty((n,) + x.shape[1:], x.dtype)
+                joined.append(jax.tree.map(empty, out))
+        rows = slice(i * per, min((i + 1) * per, n))
+
+        def put(buf, x):
+            buf[rows] = np.asarray(x)[: rows.stop - rows.start]
+
+        jax.tree.map(put, joined[0], out)
+        return whole
+
     with ThreadPoolExecutor(len(chunks)) as pool:
-        outs = list(pool.map(lambda c: jax.block_until_ready(compiled(*c, *args, **kwargs)), chunks))
-    return outs, n
+        first = list(pool.map(run, range(len(chunks))))[0]
+    result = jax.tree.map(jax.dlpack.from_dlpack, joined[0])
+    return eqx.tree_at(_shared, result, _shared(first), is_leaf=is_none)
 
 
-def merge_chunks(outs, n, shared=lambda out: ()):
-    """The chunks' outputs joined along the inits axis, cut to the `n` initializations.
-
-    `shared(out)` names the leaves without an inits axis (a trajectory's saved times,
-    say): those are taken from the first chunk.
-    """
-    is_none = lambda x: x is None
-    strip = lambda out: eqx.tree_at(shared, out, replace_fn=lambda _: None, is_leaf=is_none)
-    joined = _joined([strip(out) for out in outs], n)
-    return eqx.tree_at(shared, joined, shared(outs[0]), is_leaf=is_none)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _joined(outs, n):
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:n], *outs)
+def _aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
+    """np.empty(shape, dtype) starting on an `align`-byte boundary: JAX's CPU client then
+    takes it through DLPack without a copy (numpy's own 16-byte alignment is copied)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + align, np.uint8)
+    offset = -raw.ctypes.data % align
+    return raw[offset : offset + size].view(dtype).reshape(shape)

@@ -26,7 +26,6 @@ from .ensembles import (
     exact_matmuls,
     float_dtype,
     in_threads,
-    merge_chunks,
     over_inits,
 )
 from .errors import check_choice, check_positive, refuse_if, shown
@@ -192,13 +191,11 @@ def _solve(model, objective, field, t0, t1, n_save, ts, *, block_size, targets=N
     if single:  # one initialization: a batch of one, in a block of one
         model, block_size = with_params(model, [p[None] for p in params(model)]), 1
     run = (field, ts, t0, t1, block_size, ends_only, targets, reduce)
-    chunked = None
+    joined = None
     if targets is None:  # (targets may hold per-init levels: those flows run whole)
-        chunked = in_threads(_integrate, model, objective, *run, _block=block_size, **options)
-    if chunked is None:
-        traj, crossed = _integrate(model, objective, *run, **options)
-    else:  # every leaf but the shared saved times carries the inits axis
-        traj, crossed = merge_chunks(*chunked, shared=lambda out: out[0].ts)
+        shared = lambda out: out[0].ts  # every other leaf carries the inits axis
+        joined = in_threads(_integrate, model, objective, *run, _block=block_size, _shared=shared, **options)
+    traj, crossed = _integrate(model, objective, *run, **options) if joined is None else joined
     if single:
         shared = traj.ts if isinstance(traj, Trajectory) else None
         traj = jax.tree.map(lambda x: x if x is shared else x[0], traj)

@@ -10,7 +10,8 @@ import pytest
 import polarize as pz
 from polarize import status
 from polarize.cli import main
-from polarize.statistics import quantile
+from polarize.hitting import logistic_rate
+from polarize.statistics import distribution, final_statistics, quantile
 
 SMALL = ["--inits", "40", "--tokens", "5", "--dim", "4", "--t1", "1e4", "--n-save", "12"]
 
@@ -48,6 +49,16 @@ def test_sweep_writes_the_four_outputs(tmp_path, capsys):
     traj, times = pz.flow_with_hitting_times(model, obj, t1=1e4, n_save=12)
     final = pz.summarize(traj, obj).final["max_weight"][:40]
     np.testing.assert_array_equal(final, arrays["final_max_weight"])
+    # the sweep reduces each solved block in place and never stores trajectories: every
+    # stored number is still the stored-trajectory path's (`final_statistics`, the rate)
+    expected = final_statistics(traj, obj, keep=run.config.snapshot_index())
+    expected.update(logistic_rate(run.config.times(), np.max(distribution(traj.weights), axis=-1), t1=1e4))
+    expected.update(solver_steps=traj.steps, ok=traj.ok, status=traj.status)
+    series = np.load(out / "series.npz", allow_pickle=False)
+    assert set(arrays.files) | {"snap_max_weight", "snap_entropy"} == set(expected) | set(times)
+    for name, value in expected.items():
+        stored = series[name] if name.startswith("snap_") else arrays[name]
+        np.testing.assert_array_equal(np.asarray(value)[:40], stored, err_msg=name)
     restarted = pz.hitting_times(traj, model, obj)  # an independent location: within tolerance
     for name, value in times.items():
         np.testing.assert_array_equal(value[:40], arrays[name], err_msg=name)

@@ -169,27 +169,3 @@ def test_streamed_npz_reads_back_like_savez(tmp_path):
     with pytest.raises(ValueError, match="bytes, not"):
         write_npz_streamed(tmp_path / "t.npz", {}, {"big": (tmp_path / "big", (999, 7), np.float32)})
     assert not (tmp_path / "t.npz").exists()
-
-
-def test_sweep_reduces_each_block_to_the_numbers_of_its_trajectories():
-    """A flow sweep never stores trajectories: each solved block is reduced in place. Its
-    numbers are those of the stored-trajectory path (`final_statistics`, `logistic_rate`
-    on `flow_with_hitting_times`), every one of them, bit for bit."""
-    import jax.numpy as jnp
-
-    from polarize import sweep
-    from polarize.config import SweepConfig
-    from polarize.hitting import logistic_rate
-    from polarize.statistics import distribution, final_statistics
-
-    config = SweepConfig(tokens=8, dim=8, t1=1e4, n_save=12, inits=128)
-    model, obj = config.build_model(0, 128), config.build_objective()
-    fused = sweep.measure(config, model, obj)
-    traj, times = pz.flow_with_hitting_times(model, obj, t1=1e4, n_save=12)
-    expected = dict(final_statistics(traj, obj, keep=config.snapshot_index()), **times)
-    rate = logistic_rate(config.times(), jnp.max(distribution(traj.weights), axis=-1), t1=1e4)
-    expected.update(rate, solver_steps=traj.steps, ok=traj.ok, status=traj.status)
-    assert set(fused) == set(expected) and "final_order_preserved" in fused
-    for name, value in expected.items():
-        np.testing.assert_array_equal(np.asarray(fused[name]), np.asarray(value), err_msg=name)
-    assert np.isfinite(fused["rate_C"]).all() and fused["ok"].all()
