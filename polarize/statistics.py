@@ -34,8 +34,8 @@ def entropy(p: Float[Array, "... tokens"]) -> Float[Array, "..."]:
     return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
-#: Squarings of the normalized Gram matrix in `top_singular_share`: eigenvalues within a
-#: relative 40 / 2^SQUARINGS of the top one stay in, the rest are suppressed to rounding.
+#: Squarings at most of the normalized Gram matrix in `top_singular_share`: eigenvalues
+#: within a relative 40 / 2^SQUARINGS of the top one stay in, the rest are suppressed.
 SQUARINGS = 48
 
 
@@ -46,7 +46,10 @@ def top_singular_share(V: Float[Array, "... dim tokens"]) -> Float[Array, "..."]
     the smaller). lambda_max comes from repeated squaring, M <- M^2 / tr(M^2) from
     M = G / tr G, which tends to the projector on the top eigenvalues: tr(G M) is then
     lambda_max to within a relative 40 / 2^SQUARINGS (1e-13) of the eigenvalues it
-    cannot separate, and to rounding otherwise. Matrix products only: no LAPACK call,
+    cannot separate, and to rounding otherwise. Each matrix stops squaring once a squaring
+    moves no entry of M by more than 8 eps (it is a projector to rounding; 4 squarings for
+    a polarized V), so its share does not depend on the others in the batch. Matrix
+    products only: no LAPACK call,
     which on CPU can deadlock when several host devices run it at once
     (its batched SVD waits on the thread pool the devices occupy).
     """
@@ -59,7 +62,18 @@ def top_singular_share(V: Float[Array, "... dim tokens"]) -> Float[Array, "..."]
     trace = lambda M: jnp.trace(M, axis1=-2, axis2=-1)[..., None, None]
     safe = lambda x: jnp.where(x > 0, x, 1.0)
     total = trace(G)
-    M = jax.lax.fori_loop(0, SQUARINGS, lambda _, M: (M @ M) / safe(trace(M @ M)), G / safe(total))
+    tol = 8 * jnp.finfo(G.dtype).eps  # M's entries are at most 1 (tr M = 1, M >= 0)
+
+    def square(carry):  # each matrix stops once a squaring no longer moves it
+        k, M, settled = carry
+        M2 = M @ M
+        new = M2 / safe(trace(M2))
+        still = jnp.max(jnp.abs(new - M), axis=(-2, -1)) <= tol
+        return k + 1, jnp.where(settled[..., None, None], M, new), settled | still
+
+    more = lambda carry: (carry[0] < SQUARINGS) & ~jnp.all(carry[2])
+    start = (0, G / safe(total), jnp.zeros(G.shape[:-2], bool))
+    _, M, _ = jax.lax.while_loop(more, square, start)
     top = trace(G @ M)[..., 0, 0]
     total = total[..., 0, 0]
     share = jnp.where(total > 0, top / jnp.where(total > 0, total, 1.0), 1.0)

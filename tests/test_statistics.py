@@ -38,3 +38,13 @@ def test_top_singular_share_matches_numpy_svd():
         )
     assert float(top_singular_share(jnp.zeros((3, 5)))) == 1.0
     assert np.isnan(float(top_singular_share(jnp.full((3, 5), jnp.nan))))
+    # each matrix stops squaring on its own: its share is the same alone as beside one
+    # that needs every squaring (a top pair 1e-6 apart), to the last bit
+    slow = _embed(np.diag([1.0, 1.0 - 1e-6, 0.3]))
+    for V in cases[:3] + cases[14:15]:
+        alone = top_singular_share(jnp.asarray(np.stack([V, V])))[0]
+        beside = top_singular_share(jnp.asarray(np.stack([V, slow])))[0]
+        assert alone == beside
+    s = np.linalg.svd(slow, compute_uv=False)
+    share = float(top_singular_share(jnp.asarray(slow)))
+    np.testing.assert_allclose(share, s[0] ** 2 / np.sum(s**2), rtol=1e-13)
