@@ -266,7 +266,7 @@ class _State(eqx.Module):
     steps: Array
     accepted: Array
     save_index: Array
-    saved: PyTree  # (..., times, inits) or (inits, times, ...) by the layout, written in place
+    saved: PyTree  # (inits, n_save + SAVE_SLOTS, ...) per leaf, written in place
     # crossings (empty tuples without): per target and init, whether reached, and the
     # accepted step [lo_t, hi_t] from state lo_y (with f = lo_f) in which it first was
     found: Array | tuple = ()

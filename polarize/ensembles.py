@@ -233,7 +233,7 @@ def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out:
             buf[rows] = np.asarray(x)[: rows.stop - rows.start]
 
         jax.tree.map(put, joined[0], out)
-        return whole
+        return whole if i == 0 else None  # (only the first chunk's shared leaves are kept)
 
     with ThreadPoolExecutor(len(chunks)) as pool:
         first = list(pool.map(run, range(len(chunks))))[0]

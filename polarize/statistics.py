@@ -8,6 +8,7 @@ scale as softmax, the convention also used for attention sinks.
 import dataclasses
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,9 +72,10 @@ def top_singular_share(V: Float[Array, "... dim tokens"]) -> Float[Array, "..."]
         still = jnp.max(jnp.abs(new - M), axis=(-2, -1)) <= tol
         return k + 1, jnp.where(settled[..., None, None], M, new), settled | still
 
-    more = lambda carry: (carry[0] < SQUARINGS) & ~jnp.all(carry[2])
+    more = lambda carry: ~jnp.all(carry[2])
     start = (0, G / safe(total), jnp.zeros(G.shape[:-2], bool))
-    _, M, _ = jax.lax.while_loop(more, square, start)
+    # equinox's checkpointed loop: reverse-mode differentiable, as the fixed count was
+    _, M, _ = eqxi.while_loop(more, square, start, max_steps=SQUARINGS, kind="checkpointed")
     top = trace(G @ M)[..., 0, 0]
     total = total[..., 0, 0]
     share = jnp.where(total > 0, top / jnp.where(total > 0, total, 1.0), 1.0)

@@ -48,3 +48,23 @@ def test_top_singular_share_matches_numpy_svd():
     s = np.linalg.svd(slow, compute_uv=False)
     share = float(top_singular_share(jnp.asarray(slow)))
     np.testing.assert_allclose(share, s[0] ** 2 / np.sum(s**2), rtol=1e-13)
+
+
+def test_top_singular_share_is_reverse_differentiable():
+    """jax.grad through the squarings against central differences of the SVD share."""
+    import jax
+
+    V = np.random.default_rng(3).standard_normal((6, 4))
+    grad = np.asarray(jax.grad(top_singular_share)(jnp.asarray(V)))
+
+    def share(V):
+        s = np.linalg.svd(V, compute_uv=False)
+        return s[0] ** 2 / np.sum(s**2)
+
+    h, numeric = 1e-6, np.zeros_like(V)
+    for index in np.ndindex(V.shape):
+        step = np.zeros_like(V)
+        step[index] = h
+        numeric[index] = (share(V + step) - share(V - step)) / (2 * h)
+    np.testing.assert_allclose(grad, numeric, atol=1e-8)
+    assert np.abs(numeric).max() > 1e-3  # not a flat point
