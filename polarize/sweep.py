@@ -14,6 +14,7 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
 """
 
+import dataclasses
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,19 @@ def _flow_options(config: SweepConfig) -> dict:
         max_steps=config.max_steps,
         solver=config.build_solver(),
     )
+
+
+#: Settings that only choose the numbers a sweep starts from (its initializations and
+#: data) or what is made of its results afterwards, never the program that solves and
+#: measures a piece: `_program` resets them, so that cells of a study that differ only
+#: in these (a grid over kappa, v_scale or seed) share one compiled program.
+DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "seed", "inits", "chunk_size", "threshold")
+
+
+def _program(config: SweepConfig) -> SweepConfig:
+    """`config` with its `DATA_ONLY` settings at their defaults: the key of its programs."""
+    defaults = SweepConfig()
+    return dataclasses.replace(config, **{name: getattr(defaults, name) for name in DATA_ONLY})
 
 
 @functools.lru_cache(maxsize=16)
@@ -118,7 +132,7 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     outside the batched loop) run on one device, as their root finding (optimistix
     bisection) rounds differently inside `shard_map`.
     """
-    out = over_devices(_solved(config), model, objective, devices)
+    out = over_devices(_solved(_program(config)), model, objective, devices)
     if "reduced" in out:
         reduced = dict(out["reduced"])
         ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))
@@ -168,7 +182,7 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
 
     starts = list(range(start, stop, size))
     parts = []
-    key = (repr(config), size, tuple(devices or ()))
+    key = (_program(config), size, tuple(devices or ()))
     if key not in _COMPILED:  # the first piece alone compiles; the others reuse it
         parts.append(piece(starts.pop(0)))
         _COMPILED.add(key)

@@ -148,6 +148,14 @@ def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
     assert len(runs) == 2 and _point(runs, "time_to_0.5")[0] == pz.statistics.quantile(pooled, 0.5)
     image = plt.imread(out / "comparison.png")
     assert image.shape[1] > 1000  # two panels
+    # the cells share one compiled program (they differ only in data): each cell's numbers
+    # are still its own, those of the API on that cell's model and data
+    cell, run = next((c, r) for c, r in result.runs.items() if r.config.seed == 1 and r.config.kappa == 4.0)
+    model, obj = run.config.build_model(0, 128), run.config.build_objective()  # the sweep's piece
+    traj, times = pz.flow_with_hitting_times(model, obj, t1=100.0, n_save=8)
+    rows = frame[frame["cell"] == cell]
+    np.testing.assert_array_equal(pz.summarize(traj, obj).final["max_weight"][:16], rows["final_max_weight"])
+    np.testing.assert_array_equal(times["time_to_0.5"][:16], rows["time_to_0.5"])
 
 
 def test_shipped_study_files_are_valid():
