@@ -173,6 +173,15 @@ def test_batch_composition_does_not_change_results():
     np.testing.assert_array_equal(tail.status, big.status[990:])
 
 
+def test_initialization_i_is_drawn_from_seed_and_i_alone():
+    """init_ensemble's batched draw against the definition, drawn here op by op per init."""
+    batch = pz.init_ensemble(5, 300, tokens=4, dim=3, v_scale=0.3, a_scale=0.7, a_offset=-0.2, start=40)
+    for i in (40, 41, 200, 339):
+        kv, ka = jax.random.split(jax.random.fold_in(jax.random.key(5), i))
+        np.testing.assert_array_equal(batch.V[i - 40], 0.3 * jax.random.normal(kv, (3, 4)))
+        np.testing.assert_array_equal(batch.a[i - 40], -0.2 + 0.7 * jax.random.normal(ka, (4,)))
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
