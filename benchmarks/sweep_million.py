@@ -115,7 +115,7 @@ def main(argv=None):
     (wall, peak, last), (warm, warm_peak, _) = runs
     body = (
         f"`polarize sweep --inits {inits}` with every default (logistic toy T = d = 8, t1 = 1e5, "
-        f"64 saves, hitting times, chunks of 1e4 written to disk), each run in a fresh process on "
+        f"64 saves, hitting times, chunks of 10,240 written to disk), each run in a fresh process on "
         f"this machine ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end). "
         "The first run starts from an empty compilation cache; the second finds its programs "
         "in the persistent cache the first one filled (`polarize.devices.cache_dir()`), as "

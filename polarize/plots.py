@@ -1,5 +1,6 @@
 """Figures: ensemble bands of polarization against time, on a logarithmic clock."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +16,16 @@ def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
     if not ok.any():
         return np.full((len(q), x.shape[-1]), np.nan)
     # one time at a time: a copy of one column, not of the whole (inits, times) array
-    return np.stack([np.percentile(x[:, j][ok], q) for j in range(x.shape[-1])], axis=-1)
+    return np.stack(_per_column(lambda j: np.percentile(x[:, j][ok], q), x.shape[-1]), axis=-1)
+
+
+def _per_column(fn, n: int) -> list:
+    """[fn(0), ..., fn(n - 1)] on the CPU threads (numpy's gathers and partitions let go
+    of the GIL: at 1e6 inits the percentiles of a sweep's figures take half the time)."""
+    from .ensembles import cpu_threads
+
+    with ThreadPoolExecutor(cpu_threads()) as pool:
+        return list(pool.map(fn, range(n)))
 
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
@@ -92,7 +102,7 @@ def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.nda
     ok = np.asarray(arrays["ok"], bool)
     mw = np.asarray(arrays["series_max_weight"])
     # one time at a time: no (inits, times) temporaries
-    above = np.array([np.count_nonzero(mw[:, j][ok] >= threshold) for j in range(mw.shape[1])])
+    above = np.array(_per_column(lambda j: np.count_nonzero(mw[:, j][ok] >= threshold), mw.shape[1]))
     frac = above / ok.sum() if ok.any() else np.full(mw.shape[1], np.nan)
     return np.asarray(arrays["snap_ts"]), frac
 

@@ -68,3 +68,17 @@ def test_top_singular_share_is_reverse_differentiable():
         numeric[index] = (share(V + step) - share(V - step)) / (2 * h)
     np.testing.assert_allclose(grad, numeric, atol=1e-8)
     assert np.abs(numeric).max() > 1e-3  # not a flat point
+
+
+def test_quantile_matches_numpy_and_is_infinite_next_to_an_inf():
+    from polarize.statistics import quantile
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 1000, 1001):
+        x = rng.standard_normal(n)
+        for q in (0.0, 0.1, 0.5, 0.9, 1.0):
+            np.testing.assert_allclose(quantile(x, q), np.quantile(x, q), rtol=1e-15, atol=1e-300)
+    # levels most initializations never reached: the median is inf (numpy says nan)
+    x = np.array([3.0, np.inf, 1.0, np.inf, np.inf])
+    assert quantile(x, 0.5) == np.inf and quantile(x, 0.1) == 1.0 + 0.4 * 2.0
+    assert quantile(np.array([2.0, np.inf]), 0.5) == np.inf and quantile([], 0.5) is None
