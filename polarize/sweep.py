@@ -14,6 +14,7 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
 """
 
+import ctypes
 import dataclasses
 import functools
 import time
@@ -298,6 +299,7 @@ def run_sweep(
     bar = _progress(progress, ranges, todo)
     for i in todo:
         store.write(i, run_chunk(config, *ranges[i], devices=devices))
+        _release_free_memory()
         if bar is not None:
             bar.update(ranges[i][1] - ranges[i][0])
     if bar is not None:
@@ -306,6 +308,17 @@ def run_sweep(
     if jax.process_index() != 0:
         return {}
     return assemble(config, out, store, sample=sample, wall=time.perf_counter() - started)
+
+
+def _release_free_memory() -> None:
+    """Hand memory freed by the last chunk back to the system (glibc keeps it otherwise:
+    compiling the first chunk's program alone leaves ~300 MB of free heap that a 1e6
+    sweep's peak memory then counted). A no-op where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
 
 
 def _progress(enabled: bool, ranges, todo):
