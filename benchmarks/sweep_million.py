@@ -7,7 +7,7 @@ shapes). Reports each run's wall time, peak resident memory (VmHWM, read by the
 child itself at exit) and throughput; then the same sweep's
 per-chunk cost split into its parts (the flow solve alone, the flow with its hitting
 times, the final statistics; the previous restart method of hitting times for
-comparison), measured in this process on one piece of 1,024 initializations.
+comparison), measured in this process on one piece (`sweep.PIECE` initializations).
 
     python benchmarks/sweep_million.py            # 1e6 inits (several minutes)
     python benchmarks/sweep_million.py --quick    # 2e4 inits, does not write RESULTS.md
@@ -57,7 +57,7 @@ def run_cli(inits: int, cache: str) -> tuple[float, float, str]:
 
 
 def parts() -> list[list]:
-    """Seconds of each part of one sweep piece (1,024 inits, defaults), steady state, on
+    """Seconds of each part of one sweep piece (`sweep.PIECE` inits, defaults), steady state, on
     one thread (as each of a sweep's piece-running threads)."""
     os.environ["POLARIZE_THREADS"] = "1"
     import jax
@@ -110,12 +110,14 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="2e4 inits; does not write RESULTS.md")
     args = parser.parse_args(argv)
     inits = 20_000 if args.quick else 1_000_000
+    from polarize import sweep
+
     with tempfile.TemporaryDirectory() as cache:
         runs = [run_cli(inits, cache) for _ in range(2)]  # cold, then warm
     (wall, peak, last), (warm, warm_peak, _) = runs
     body = (
         f"`polarize sweep --inits {inits}` with every default (logistic toy T = d = 8, t1 = 1e5, "
-        f"64 saves, hitting times, chunks of 10,240 written to disk), each run in a fresh process on "
+        f"64 saves, hitting times, chunks of 12,288 written to disk), each run in a fresh process on "
         f"this machine ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end). "
         "The first run starts from an empty compilation cache; the second finds its programs "
         "in the persistent cache the first one filled (`polarize.devices.cache_dir()`), as "
@@ -128,7 +130,7 @@ def main(argv=None):
             ],
         )
         + f"\n\nThe first run's summary line: `{last}`\n\n"
-        "Where a piece of 1024 inits spends its time (this process, one thread, best of 3 "
+        f"Where a piece of {sweep.PIECE} inits spends its time (this process, one thread, best of 3 "
         "after a warm-up, compile excluded):\n\n"
         + table(["part", "s", "us / init", "% of measure()"], parts())
     )
