@@ -318,10 +318,10 @@ def _release_free_memory() -> None:
     compiling the first chunk's program alone leaves ~300 MB of free heap that a 1e6
     sweep's peak memory then counted). A no-op where the C library is not glibc."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # no libc.so.6, or one without malloc_trim
         return
-    libc.malloc_trim(0)
+    trim(0)
 
 
 def _progress(enabled: bool, ranges, todo):
