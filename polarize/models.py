@@ -149,8 +149,20 @@ def as_key(key: PRNGKeyArray | int) -> PRNGKeyArray:
 
 def init_keys(key: PRNGKeyArray | int, n: int, start: int = 0) -> PRNGKeyArray:
     """The keys of initializations start, ..., start + n - 1: key_i = fold_in(key, i)."""
-    key = as_key(key)
-    index = jnp.arange(start, start + n, dtype=jnp.uint32)
+    n = check_positive("n", n, integer=True)
+    return _keys(as_key(key), _first_index(start, n), n)
+
+
+def _first_index(start, n: int) -> Array:
+    """`start` checked (initialization indices are 32-bit: start + n <= 2^32), as uint32."""
+    if not isinstance(start, int | np.integer) or not 0 <= start <= 2**32 - n:
+        raise PolarizeError(f"`start` must be an integer in [0, 2^32 - n] (n = {n}); got {start!r}")
+    return jnp.asarray(start, jnp.uint32)
+
+
+def _keys(key, start, n: int):
+    """`init_keys` for a uint32 `start` (traced or not) and a static n."""
+    index = start + jnp.arange(n, dtype=jnp.uint32)
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
 
 
@@ -179,7 +191,7 @@ def init_ensemble(
         if not np.isfinite(value):
             raise PolarizeError(f"`{name}` must be finite; got {value!r}")
     dtype = jnp.dtype(dtype or jnp.result_type(float))
-    start = jnp.asarray(start, jnp.uint32)  # traced: one compiled draw for every chunk
+    start = _first_index(start, n)  # traced: one compiled draw for every chunk
     V, a = _standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
     # scaled op by op, outside the draw's program: fused there, XLA rounds a + s x differently
     return ValueAttention(v_scale * V, a_offset + a_scale * a, normalization(norm))
@@ -194,5 +206,4 @@ def _standard_normals(key, start, *, n, shape, dtype):
         kv, ka = jax.random.split(k)
         return jax.random.normal(kv, shape, dtype), jax.random.normal(ka, shape[1:], dtype)
 
-    index = start + jnp.arange(n, dtype=jnp.uint32)
-    return jax.vmap(one)(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index))
+    return jax.vmap(one)(_keys(key, start, n))

@@ -251,3 +251,12 @@ def test_value_path_factors_rebuild_the_values(objective):
     for i in range(4):
         for j in (0, 6):
             np.testing.assert_allclose(float(traj.loss[i, j]), float(obj(beta[i, j])), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("start", [-1, 2**32 - 2, 1.5])
+def test_initialization_indices_out_of_range_are_refused(start):
+    """Indices are 32-bit: a start below 0 or past 2^32 - n would wrap onto other inits."""
+    with pytest.raises(pz.PolarizeError, match=r"^`start` must be an integer in \[0, 2\^32 - n\] \(n = 3\)"):
+        pz.init_ensemble(0, 3, tokens=2, dim=2, start=start)
+    with pytest.raises(pz.PolarizeError, match="`start` must be an integer"):
+        pz.init_keys(0, 3, start=start)
