@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from .descent import save_steps
+from .ensembles import BLOCK_SIZE
 from .errors import PolarizeError, check_choice, check_positive
 from .hitting import LEVELS, LOSS_FRACTION, check_levels, time_names
 from .models import ValueAttention, as_key, init_ensemble
@@ -45,6 +46,13 @@ SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvae
 METHODS = {"flow": "exact gradient flow (diffrax)", "gd": "plain gradient descent at lr (optax.sgd)"}
 #: objectives with a logistic tail, where `rate_C` is fitted.
 LOGISTIC = ("logistic", "logistic-data")
+#: `chunk_size` and `block_size` where a config leaves them at None, by JAX's default
+#: backend. On CPU: chunks of 6 pieces of `sweep.PIECE` (none padded on 1, 2, 3 or 6
+#: threads), blocks of `BLOCK_SIZE`. On a GPU or TPU a chunk is solved as one piece and
+#: an adaptive loop's step costs about the same for 128 initializations as for 16,384, so
+#: both are wide (measured on an H200: benchmarks/GPU.md).
+SIZES = {"cpu": {"chunk_size": 12_288, "block_size": BLOCK_SIZE}}
+ACCELERATOR_SIZES = {"chunk_size": 131_072, "block_size": 16_384}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,18 +85,20 @@ class SweepConfig:
     threshold: float = 0.9
     levels: tuple[float, ...] = LEVELS
     loss_fraction: float = LOSS_FRACTION
-    chunk_size: int = 12_288  # 6 pieces of `sweep.PIECE`: none padded, even on 1, 2, 3 or 6 threads
+    chunk_size: int | None = None  # None: by backend (`SIZES`); never changes the numbers
+    block_size: int | None = None  # None: by backend (`SIZES`); part of the numbers' bit-identity
 
     def __post_init__(self):
         check_choice("objective", self.objective, OBJECTIVES)
         check_choice("norm", self.norm, NORMALIZATIONS)
         check_choice("method", self.method, METHODS)
         check_choice("solver", self.solver, SOLVERS)
-        ints = ("tokens", "dim", "inits", "steps", "max_steps", "n_save", "snapshots", "chunk_size")
+        ints = ("tokens", "dim", "inits", "steps", "max_steps", "n_save", "snapshots")
         for name in ints:
             check_positive(name, getattr(self, name), integer=True)
-        if self.samples is not None:
-            check_positive("samples", self.samples, integer=True)
+        for name in ("samples", "chunk_size", "block_size"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name), integer=True)
         for name in ("t1", "rtol", "atol", "lr", "temperature", "kappa"):
             check_positive(name, getattr(self, name))
         for name in ("v_scale", "a_scale", "a_offset", "sink", "threshold"):
@@ -113,6 +123,13 @@ class SweepConfig:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "levels": list(self.levels)}
+
+    def resolved(self) -> "SweepConfig":
+        """This config with `chunk_size` and `block_size` left at None set for JAX's default
+        backend (`SIZES`): what a sweep stores in config.json, so a resumed run (on any
+        backend) keeps the blocks its numbers were computed in."""
+        sizes = SIZES.get(jax.default_backend(), ACCELERATOR_SIZES)
+        return dataclasses.replace(self, **{k: getattr(self, k) or v for k, v in sizes.items()})
 
     # -- the objects a sweep is made of ------------------------------------------------
 

@@ -41,7 +41,7 @@ from .errors import PolarizeError
 from .results import Run, failed_too_many, failure_line, load
 from .statistics import quantile
 from .storage import read_json, write_json
-from .sweep import run_sweep, stored_config
+from .sweep import resumed_config, run_sweep, stored_config
 
 #: Per-initialization statistics a study can plot (besides time_to_* of the cell's levels).
 PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C", "rate_drift")
@@ -163,7 +163,7 @@ def run_study(study: Study, out, *, progress: bool = False) -> dict:
             failed[name] = f"invalid setting: {config}"
             continue
         cell = out / "cells" / name
-        if not ((cell / "summary.json").exists() and stored_config(cell) == config):
+        if not ((cell / "summary.json").exists() and stored_config(cell) == resumed_config(config, cell)):
             try:
                 run_sweep(config, cell, resume=(cell / "config.json").exists(), progress=progress)
             except PolarizeError as e:

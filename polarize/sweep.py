@@ -36,11 +36,11 @@ from .storage import read_json, write_json
 from .store import ChunkStore
 from .trajectory import Trajectory
 
-#: Initializations solved at once inside a chunk (a multiple of BLOCK_SIZE): where a
-#: sweep stores trajectories (solvers outside the batched loop, descent), they exist only
-#: for these, so memory does not grow with `chunk_size`. A default flow sweep stores none;
-#: there pieces of 2048 ran 12-15% faster than pieces of 1024 on two threads (a 3e5
-#: sweep, two runs each), and 4096 no faster.
+#: Initializations solved at once inside a chunk on CPU (a multiple of the block size):
+#: where a sweep stores trajectories (solvers outside the batched loop, descent), they
+#: exist only for these, so memory does not grow with `chunk_size`. A default flow sweep
+#: stores none; there pieces of 2048 ran 12-15% faster than pieces of 1024 on two threads
+#: (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU a chunk is one piece.
 PIECE = 16 * BLOCK_SIZE
 
 
@@ -54,7 +54,9 @@ def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory,
     times from the same solve (None otherwise: `measure` then restarts on one device)."""
     if config.method == "flow":
         return flow_and_crossings(model, objective, **_flow_options(config))
-    return descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save), None
+    block = config.resolved().block_size
+    traj = descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save, block_size=block)
+    return traj, None
 
 
 def _flow_options(config: SweepConfig) -> dict:
@@ -67,6 +69,7 @@ def _flow_options(config: SweepConfig) -> dict:
         atol=config.atol,
         max_steps=config.max_steps,
         solver=config.build_solver(),
+        block_size=config.resolved().block_size,
     )
 
 
@@ -78,9 +81,10 @@ DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "seed", "inits", "chunk_
 
 
 def _program(config: SweepConfig) -> SweepConfig:
-    """`config` with its `DATA_ONLY` settings at their defaults: the key of its programs."""
+    """`config` (its block size resolved) with its `DATA_ONLY` settings at their
+    defaults: the key of its programs."""
     defaults = SweepConfig()
-    return dataclasses.replace(config, **{name: getattr(defaults, name) for name in DATA_ONLY})
+    return dataclasses.replace(config.resolved(), **{name: getattr(defaults, name) for name in DATA_ONLY})
 
 
 @functools.lru_cache(maxsize=16)
@@ -174,11 +178,15 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
 def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
-    Solved in pieces of at most `PIECE` initializations (the last padded with the
-    next ones, so every piece runs one compiled program); the numbers do not depend on it.
+    Solved in pieces of one size for the whole sweep (`PIECE` on CPU, the chunk on
+    other backends, fewer for a sweep smaller than that), the last piece padded with the
+    next initializations, so that every piece runs one compiled program; the numbers do
+    not depend on it.
     """
+    config = config.resolved()
     objective = _objective(config)
-    size = min(PIECE, -(-(stop - start) // BLOCK_SIZE) * BLOCK_SIZE)
+    piece_size = PIECE if jax.default_backend() == "cpu" else config.chunk_size
+    size = _round_up(min(piece_size, config.chunk_size, config.inits), config.block_size)
 
     def piece(lo):
         out = measure(config, config.build_model(lo, lo + size), objective, devices=devices)
@@ -196,6 +204,10 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
         parts += list(pool.map(piece, starts))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 @functools.lru_cache(maxsize=4)
@@ -251,6 +263,19 @@ def stored_config(out) -> SweepConfig:
     return SweepConfig.from_dict(read_json(path)["sweep"])
 
 
+#: Settings that `SweepConfig.resolved` sets by backend where they are None.
+SIZED = ("chunk_size", "block_size")
+
+
+def resumed_config(config: SweepConfig, out) -> SweepConfig:
+    """`config` with the sizes it leaves at None (`SIZED`) taken from the run in `out`,
+    the rest resolved: a run resumed on another backend keeps its blocks."""
+    stored = stored_config(out)
+    return dataclasses.replace(
+        config, **{k: getattr(config, k) or getattr(stored, k) for k in SIZED}
+    ).resolved()
+
+
 def check_same(stored: SweepConfig, requested: SweepConfig, out) -> None:
     """Refuse to resume `out` with a config other than the one it was started with."""
     a, b = stored.to_dict(), requested.to_dict()
@@ -290,8 +315,11 @@ def run_sweep(
     jax.config.update("jax_enable_x64", True)  # sweeps are float64 throughout
     out = Path(out)
     if resume:
+        config = resumed_config(config, out)
         check_same(stored_config(out), config, out)
-    elif jax.process_index() == 0:
+    else:
+        config = config.resolved()  # the block size is part of the numbers: stored resolved
+    if not resume and jax.process_index() == 0:
         prepare_out(out, overwrite)
         write_json(out / "config.json", {"sweep": config.to_dict(), "versions": package_versions()})
     barrier("polarize-sweep-start")

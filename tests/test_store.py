@@ -1,5 +1,6 @@
 """Durable runs: SIGKILL and resume, damaged chunks, config mismatch, chunk sizes and devices."""
 
+import json
 import os
 import signal
 import subprocess
@@ -82,13 +83,39 @@ def test_resume_with_a_different_config_is_refused(reference, capsys):
     assert "has no config.json" in capsys.readouterr().err
 
 
-def test_results_do_not_depend_on_chunk_size(reference, tmp_path, monkeypatch):
-    # chunks of 2560: three pieces of 1024 each (the last half empty), run two at a time
-    # in threads, against chunks of 128 run one piece at a time
+def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_path, monkeypatch):
+    # chunks of 2560: pieces of 2048 (the second mostly padding), run two at a time in
+    # threads, against chunks of 128 run one piece at a time
     monkeypatch.setenv("POLARIZE_THREADS", "2")
     out = tmp_path / "big-chunks"
     assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "2560", "--out", str(out)]) == 0
     assert_same_results(out, reference)
+    stored = json.loads((out / "config.json").read_text())["sweep"]
+    assert (stored["chunk_size"], stored["block_size"]) == (2560, 128)  # stored resolved
+
+    # On a GPU or TPU (faked: only the sizing reads the backend) the sizes default wide
+    # and a chunk is solved as ONE piece; with the CPU's blocks, numbers are the CPU's
+    import jax
+
+    from polarize import sweep
+    from polarize.config import SweepConfig
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    wide = SweepConfig().resolved()
+    assert (wide.chunk_size, wide.block_size) == (131_072, 16_384)
+    pieces = []
+    measure = sweep.measure
+    monkeypatch.setattr(
+        sweep, "measure", lambda c, m, o, **k: pieces.append(m.batch_size) or measure(c, m, o, **k)
+    )
+    config = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=5120, chunk_size=2048, block_size=128)
+    monkeypatch.setattr(sweep, "PIECE", 1024)  # CPU pieces: the chunk would run as two
+    got = sweep.run_chunk(config, 2048, 4096)
+    assert pieces == [2048]
+    series = np.load(reference / "series.npz")
+    one = per_init(reference) | {k: series[k] for k in series.files if k.startswith("snap_")}
+    for k in got:
+        np.testing.assert_array_equal(got[k], one[k][2048:4096], err_msg=k)
 
 
 def test_results_do_not_depend_on_device_count(reference, tmp_path):
@@ -169,3 +196,19 @@ def test_streamed_npz_reads_back_like_savez(tmp_path):
     with pytest.raises(ValueError, match="bytes, not"):
         write_npz_streamed(tmp_path / "t.npz", {}, {"big": (tmp_path / "big", (999, 7), np.float32)})
     assert not (tmp_path / "t.npz").exists()
+
+
+def test_a_run_resumed_on_another_backend_keeps_its_sizes(tmp_path, monkeypatch, capsys):
+    import jax
+
+    from polarize.config import SweepConfig
+    from polarize.storage import write_json
+    from polarize.sweep import resumed_config
+
+    cpu = SweepConfig(tokens=4).resolved()
+    write_json(tmp_path / "config.json", {"sweep": cpu.to_dict()})
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert resumed_config(SweepConfig(tokens=4), tmp_path) == cpu  # not the TPU's sizes
+    assert resumed_config(SweepConfig(tokens=4, block_size=64), tmp_path).block_size == 64
+    assert main(["sweep", "--resume", str(tmp_path), "--block-size", "64", "--no-progress"]) == 2
+    assert "block_size=128 (requested 64)" in capsys.readouterr().err
