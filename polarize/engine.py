@@ -476,8 +476,10 @@ def _batched_solver(
             saved, save_index = s.saved, s.save_index
             if not ends_only:
                 # The next SAVE_SLOTS save times are interpolated at once for every init
-                # and written as one window; a loop takes any further ones (a step that
-                # crossed more than SAVE_SLOTS save times).
+                # and written as one window, again while any init of the block still has
+                # a save time due (a step that crossed more than SAVE_SLOTS of them); a
+                # step where none is due skips it (saving t0 and t1 of explicit `ts`:
+                # 23.3 -> 20.7 us per toy init, ends-only 15.7).
                 offsets = jnp.arange(SAVE_SLOTS)[:, None]
 
                 def due(index):
@@ -492,7 +494,7 @@ def _batched_solver(
                     return index + jnp.sum(crossed, 0, dtype=index.dtype), write(saved, index, y_t)
 
                 save_index, saved = eqxi.while_loop(
-                    lambda c: jnp.any(due(c[0])), save, save((save_index, saved)), max_steps=n_save, kind=kind
+                    lambda c: jnp.any(due(c[0])), save, (save_index, saved), max_steps=n_save, kind=kind
                 )
             status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
             status = jnp.where(stuck, codes.SOLVER_FAILED, status)
