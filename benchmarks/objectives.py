@@ -96,6 +96,16 @@ def machine_peak():
     return flops, rounds * x.size / cpu
 
 
+def output_cost(n: int, saves: int, tokens: int = 8, dim: int = 8) -> float:
+    """CPU seconds per init of a jitted program that only writes a trajectory's outputs
+    (V, a, weights at `saves` times, and the loss) for `n` inits: fresh memory, as a flow
+    call gets it, no arithmetic to speak of."""
+    shapes = [(saves, dim, tokens), (saves, tokens), (saves, tokens), (saves,)]
+    write = jax.jit(lambda x: [x.reshape((n,) + (1,) * len(s)) * jnp.ones(s) for s in shapes])
+    _, cpu, _ = clocked(lambda: write(jnp.arange(n, dtype=jnp.float64)))
+    return cpu / n
+
+
 def field_cost(model, objective):
     """(flops, transcendentals) of one evaluation of polarize's vector field for one init (XLA's count)."""
     from polarize.fields import choose_field
@@ -238,6 +248,15 @@ def main(argv=None):
             ],
             floor_rows,
         )
+    )
+    n_out = 256 if args.quick else 10_000
+    out64, out2 = output_cost(n_out, 64), output_cost(n_out, 2)
+    body += (
+        f"\n\nWriting the output. A toy trajectory with 64 saves is {64 * 81:,} float64 per init (V, a, "
+        f"weights, loss) against {2 * 81} with ends only. A jitted program that only writes outputs of "
+        f"those shapes for {n_out} inits takes {out64 * 1e6:.3g} and {out2 * 1e6:.3g} us of CPU per init "
+        "(fresh pages, as every flow call gets them): part of the 64-save path's cost that no "
+        "solver change removes.\n"
     )
     if not args.quick:  # what `polarize sweep --inits 1000000` integrates, without the sweep's I/O
         # In chunks of 2e4 like a sweep: the full trajectory of 1e6 inits (V at 64 times) is 33 GB.
