@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on one GPU: `polarize sweep --inits 1000000` with every default (on a GPU
-# that is chunks of 131,072 solved as one piece, blocks of 16,384), first with an empty
+# that is blocks of 16,384, one per device at a time, in chunks of 131,072), first with an empty
 # compilation cache, then cached; then the same sweep with other block sizes (each
 # compiled, then cached), for the choice of the default. Prints each run's wall time and result line.
 #

@@ -48,9 +48,9 @@ METHODS = {"flow": "exact gradient flow (diffrax)", "gd": "plain gradient descen
 LOGISTIC = ("logistic", "logistic-data")
 #: `chunk_size` and `block_size` where a config leaves them at None, by JAX's default
 #: backend. On CPU: chunks of 6 pieces of `sweep.PIECE` (none padded on 1, 2, 3 or 6
-#: threads), blocks of `BLOCK_SIZE`. On a GPU or TPU a chunk is solved as one piece and
-#: an adaptive loop's step costs about the same for 128 initializations as for 16,384, so
-#: both are wide (measured on an H200: benchmarks/GPU.md).
+#: threads), blocks of `BLOCK_SIZE`. On a GPU or TPU an adaptive loop's step costs about
+#: the same for 128 initializations as for 16,384, so blocks are wide, solved one per
+#: device at a time, and chunks hold several (measured on an H200: benchmarks/GPU.md).
 SIZES = {"cpu": {"chunk_size": 12_288, "block_size": BLOCK_SIZE}}
 ACCELERATOR_SIZES = {"chunk_size": 131_072, "block_size": 16_384}
 

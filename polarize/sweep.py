@@ -40,7 +40,8 @@ from .trajectory import Trajectory
 #: where a sweep stores trajectories (solvers outside the batched loop, descent), they
 #: exist only for these, so memory does not grow with `chunk_size`. A default flow sweep
 #: stores none; there pieces of 2048 ran 12-15% faster than pieces of 1024 on two threads
-#: (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU a chunk is one piece.
+#: (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU a piece is one block
+#: per device (see `run_chunk`).
 PIECE = 16 * BLOCK_SIZE
 
 
@@ -178,14 +179,17 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
 def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
-    Solved in pieces of one size for the whole sweep (`PIECE` on CPU, the chunk on
-    other backends, fewer for a sweep smaller than that), the last piece padded with the
-    next initializations, so that every piece runs one compiled program; the numbers do
-    not depend on it.
+    Solved in pieces of one size for the whole sweep, the last padded with the next
+    initializations, so that every piece runs one compiled program; the numbers do not
+    depend on it. On CPU pieces of `PIECE` run side by side in threads. On a GPU or TPU a
+    piece is one block per device: wide enough to fill the device, and trajectories a
+    sweep stores (descent, solvers outside the batched loop) take no more device memory
+    than the block's solve itself.
     """
     config = config.resolved()
     objective = _objective(config)
-    piece_size = PIECE if jax.default_backend() == "cpu" else config.chunk_size
+    n_devices = len(devices or jax.local_devices())
+    piece_size = PIECE if jax.default_backend() == "cpu" else config.block_size * n_devices
     size = _round_up(min(piece_size, config.chunk_size, config.inits), config.block_size)
 
     def piece(lo):

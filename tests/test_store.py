@@ -94,7 +94,7 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
     assert (stored["chunk_size"], stored["block_size"]) == (2560, 128)  # stored resolved
 
     # On a GPU or TPU (faked: only the sizing reads the backend) the sizes default wide
-    # and a chunk is solved as ONE piece; with the CPU's blocks, numbers are the CPU's
+    # and a piece is ONE block (per device); with the CPU's blocks, numbers are the CPU's
     import jax
 
     from polarize import sweep
@@ -111,7 +111,7 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
     config = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=5120, chunk_size=2048, block_size=128)
     monkeypatch.setattr(sweep, "PIECE", 1024)  # CPU pieces: the chunk would run as two
     got = sweep.run_chunk(config, 2048, 4096)
-    assert pieces == [2048]
+    assert pieces == [128] * 16
     series = np.load(reference / "series.npz")
     one = per_init(reference) | {k: series[k] for k in series.files if k.startswith("snap_")}
     for k in got:
