@@ -79,7 +79,9 @@ def naive(objective, norm, t1):
 
 def machine_peak():
     """(flop/s, exp/s) of this core on a fused elementwise float64 kernel in cache-sized
-    blocks: the rate a perfectly fused solve could reach."""
+    blocks: the rate a perfectly fused solve could reach. Each kernel runs ~0.2 s, well
+    above the granularity of the process CPU clock on this machine (a 1 ms kernel read
+    7.3 G exp/s in one run, 0.99 in another)."""
     x = jnp.linspace(0.1, 1.0, 1 << 12)
 
     def fmas(x):
@@ -87,23 +89,53 @@ def machine_peak():
             x = x * 0.999 + 1e-3
         return x
 
-    rounds = 256
-    many_fma = jax.jit(lambda x: jax.lax.fori_loop(0, rounds, lambda i, x: fmas(x), x))
-    many_exp = jax.jit(lambda x: jax.lax.fori_loop(0, rounds, lambda i, x: jnp.exp(-x), x))
+    fma_rounds, exp_rounds = 8192, 65536
+    many_fma = jax.jit(lambda x: jax.lax.fori_loop(0, fma_rounds, lambda i, x: fmas(x), x))
+    many_exp = jax.jit(lambda x: jax.lax.fori_loop(0, exp_rounds, lambda i, x: jnp.exp(-x), x))
     _, cpu, _ = clocked(lambda: many_fma(x))
-    flops = 2 * 64 * rounds * x.size / cpu
+    flops = 2 * 64 * fma_rounds * x.size / cpu
     _, cpu, _ = clocked(lambda: many_exp(x))
-    return flops, rounds * x.size / cpu
+    return flops, exp_rounds * x.size / cpu
 
 
-def output_cost(n: int, saves: int, tokens: int = 8, dim: int = 8) -> float:
-    """CPU seconds per init of a jitted program that only writes a trajectory's outputs
-    (V, a, weights at `saves` times, and the loss) for `n` inits: fresh memory, as a flow
-    call gets it, no arithmetic to speak of."""
-    shapes = [(saves, dim, tokens), (saves, tokens), (saves, tokens), (saves,)]
+def output_cost(shapes, n: int) -> float:
+    """CPU seconds per init of a jitted program that only writes arrays of the given
+    per-init `shapes` (float64) for `n` inits: fresh memory, as a flow call gets it, no
+    arithmetic to speak of."""
     write = jax.jit(lambda x: [x.reshape((n,) + (1,) * len(s)) * jnp.ones(s) for s in shapes])
     _, cpu, _ = clocked(lambda: write(jnp.arange(n, dtype=jnp.float64)))
     return cpu / n
+
+
+def per_init_shapes(traj) -> list[tuple[int, ...]]:
+    """The per-init shapes of a trajectory's floating leaves that carry the inits axis."""
+    n = traj.ok.shape[0]
+    leaves = jax.tree.leaves(traj)
+    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+    return [x.shape[1:] for x in leaves if x.ndim and x.shape[0] == n and floating(x)]
+
+
+def save_breakdown(model, objective, t1, n_out):
+    """Rows of what the saved times cost on the paper toy: the same solve with ends only,
+    with t0 and t1 given as explicit save times (the save machinery for two times), and
+    with 16 and 64 saved times; with the CPU cost of writing each output alone."""
+    variants = [
+        ("ends only (n_save=2)", dict(n_save=2)),
+        ("ts = (0, t1): the save loop, 2 times", dict(ts=jnp.array([0.0, t1]))),
+        ("16 saves", dict(n_save=16)),
+        ("64 saves (default)", dict(n_save=64)),
+    ]
+    n = model.V.shape[0]
+    rows, base = [], None
+    for label, kw in variants:
+        run = lambda kw=kw: pz.flow(model, objective, t1=t1, rtol=RTOL, atol=ATOL, **kw)
+        _, cpu, traj = clocked(run)
+        shapes = per_init_shapes(traj)
+        size = sum(int(np.prod(s)) for s in shapes)
+        write = output_cost(shapes, n_out)
+        base = cpu / n if base is None else base
+        rows.append([label, f"{cpu / n * 1e6:.3g}", fmt(cpu / n / base), f"{size:,}", f"{write * 1e6:.3g}"])
+    return rows
 
 
 def field_cost(model, objective):
@@ -249,17 +281,31 @@ def main(argv=None):
             floor_rows,
         )
     )
-    n_out = 256 if args.quick else 10_000
-    out64, out2 = output_cost(n_out, 64), output_cost(n_out, 2)
+    toy_name, toy, toy_objective, toy_t1, _ = next(cases(args.quick))
     body += (
-        f"\n\nWriting the output. A toy trajectory with 64 saves is {64 * 81:,} float64 per init (V, a, "
-        f"weights, loss) against {2 * 81} with ends only. A jitted program that only writes outputs of "
-        f"those shapes for {n_out} inits takes {out64 * 1e6:.3g} and {out2 * 1e6:.3g} us of CPU per init "
-        "(fresh pages, as every flow call gets them): part of the 64-save path's cost that no "
-        "solver change removes.\n"
+        "\n\nWhere the saved times' cost goes, on the paper toy (N = "
+        f"{toy.V.shape[0]}, process CPU per init, best of 3): the same solve with ends only; with t0 and t1 "
+        "passed as explicit save times, which runs the save machinery (each step's stage "
+        "increments kept for the dense interpolation, the check for a due save time, the "
+        "interpolation and the write) for two times; and with 16 and 64 saved times. The last "
+        "column is one jitted program that only writes arrays of the trajectory's shapes for all "
+        "N inits (an array over glibc's 32 MB limit for reusing freed memory, as each 64-save "
+        "array is at N = 1e4, gets fresh pages on every call): the part of a row that no solver "
+        "change removes.\n\n"
+        + table(
+            [
+                "variant",
+                "cpu us / init",
+                "x ends only",
+                "output float64 / init",
+                "writing it alone, us / init",
+            ],
+            save_breakdown(toy, toy_objective, toy_t1, toy.V.shape[0]),
+        )
+        + "\n"
     )
     if not args.quick:  # what `polarize sweep --inits 1000000` integrates, without the sweep's I/O
-        # In chunks of 2e4 like a sweep: the full trajectory of 1e6 inits (V at 64 times) is 33 GB.
+        # In chunks of 2e4 like a sweep: the full trajectory of 1e6 inits at 64 times is 13 GB.
         chunk, ok = 20_000, True
         wall, cpu = time.perf_counter(), time.process_time()
         for start in range(0, 1_000_000, chunk):
