@@ -397,10 +397,7 @@ def _batched_solver(
     axis = -1 if state_size <= SOA_MAX_STATE else 0
     start, step = (_lastaxis(f, axis) for f in (start, step))
     gaps = jax.vmap(gaps, in_axes=axis, out_axes=-1)  # (targets, inits)
-    # over targets (leading axis of the crossing buffers), then over inits
-    locate = jax.vmap(
-        jax.vmap(locate, in_axes=(-1, -1, axis, axis, axis, None)), in_axes=(0, 0, 0, 0, None, 0)
-    )
+    locate = jax.vmap(locate, in_axes=(-1, -1, axis, axis, axis, None))  # one target, over inits
     interpolate_k = jax.vmap(_lastaxis(interpolate, axis), in_axes=(None, None, None, 0))  # (k, inits) times
 
     def solve_block(block):
@@ -549,10 +546,21 @@ def _batched_solver(
         crossed = None
         if crossings is not None:
             # located on the recorded step's dense output (not differentiated through)
-            hits = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
-            targets = jnp.arange(s.found.shape[0])
-            located = locate(*hits, targets)
+            lo_t, hi_t, lo_y, lo_f, args_b = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
             at_start = s.found & (s.hi_t == s.lo_t)
+            needed = s.found & ~at_start
+
+            # one target at a time, each skipped where no init of the block reached it
+            # inside the horizon (a default sweep's 0.99 level): the root finding's
+            # iterations then run in lockstep over the block, not over every target too
+            def one_target(x):
+                j, need, lo_t, hi_t, lo_y, lo_f = x
+                return jax.lax.cond(
+                    jnp.any(need), lambda: locate(lo_t, hi_t, lo_y, lo_f, args_b, j), lambda: hi_t
+                )
+
+            targets = jnp.arange(s.found.shape[0])
+            located = jax.lax.map(one_target, (targets, needed, lo_t, hi_t, lo_y, lo_f))
             crossed = jnp.where(at_start, s.lo_t, jnp.where(s.found, located, jnp.inf)).T
         return saved, status, s.accepted, crossed
 
