@@ -100,8 +100,9 @@ def machine_peak():
 
 def output_cost(shapes, n: int) -> float:
     """CPU seconds per init of a jitted program that only writes arrays of the given
-    per-init `shapes` (float64) for `n` inits: fresh memory, as a flow call gets it, no
-    arithmetic to speak of."""
+    per-init `shapes` (float64) for `n` inits in one call, no arithmetic to speak of. Each
+    call gets new output buffers; glibc hands back freed memory for arrays up to 32 MB and
+    maps fresh pages for larger ones, so the cost jumps with the array size."""
     write = jax.jit(lambda x: [x.reshape((n,) + (1,) * len(s)) * jnp.ones(s) for s in shapes])
     _, cpu, _ = clocked(lambda: write(jnp.arange(n, dtype=jnp.float64)))
     return cpu / n
@@ -115,7 +116,7 @@ def per_init_shapes(traj) -> list[tuple[int, ...]]:
     return [x.shape[1:] for x in leaves if x.ndim and x.shape[0] == n and floating(x)]
 
 
-def save_breakdown(model, objective, t1, n_out):
+def save_breakdown(model, objective, t1):
     """Rows of what the saved times cost on the paper toy: the same solve with ends only,
     with t0 and t1 given as explicit save times (the save machinery for two times), and
     with 16 and 64 saved times; with the CPU cost of writing each output alone."""
@@ -132,7 +133,7 @@ def save_breakdown(model, objective, t1, n_out):
         _, cpu, traj = clocked(run)
         shapes = per_init_shapes(traj)
         size = sum(int(np.prod(s)) for s in shapes)
-        write = output_cost(shapes, n_out)
+        write = output_cost(shapes, n)
         base = cpu / n if base is None else base
         rows.append([label, f"{cpu / n * 1e6:.3g}", fmt(cpu / n / base), f"{size:,}", f"{write * 1e6:.3g}"])
     return rows
@@ -281,7 +282,7 @@ def main(argv=None):
             floor_rows,
         )
     )
-    toy_name, toy, toy_objective, toy_t1, _ = next(cases(args.quick))
+    _, toy, toy_objective, toy_t1, _ = next(cases(args.quick))
     body += (
         "\n\nWhere the saved times' cost goes, on the paper toy (N = "
         f"{toy.V.shape[0]}, process CPU per init, best of 3): the same solve with ends only; with t0 and t1 "
@@ -300,7 +301,7 @@ def main(argv=None):
                 "output float64 / init",
                 "writing it alone, us / init",
             ],
-            save_breakdown(toy, toy_objective, toy_t1, toy.V.shape[0]),
+            save_breakdown(toy, toy_objective, toy_t1),
         )
         + "\n"
     )
