@@ -138,12 +138,15 @@ def cache_dir() -> Path | None:
 
 
 def enable_compilation_cache() -> Path | None:
-    """Turn on JAX's persistent compilation cache at `cache_dir()` (if not disabled)."""
+    """Turn on JAX's persistent compilation cache at `cache_dir()` (if not disabled), for
+    every program however quick its compile."""
     path = cache_dir()
     if path is None:
         return None
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # every program, the ~40 small ones too (argument checks, key derivation, the draws'
+    # scaling, run op by op: 10-70 ms each to compile, ~1 s per process together)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path

@@ -1,6 +1,7 @@
 """The `polarize sweep` main job end to end, and every bad-input message it can give."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -196,3 +197,17 @@ def test_distributed_without_a_coordinator_is_one_line(tmp_path, capsys, monkeyp
 def test_load_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(pz.PolarizeError, match="is not a polarize run"):
         pz.load(tmp_path)
+
+
+def test_the_cli_cache_keeps_programs_however_quick_their_compile(tmp_path):
+    # a fresh process (the cache settings are process-wide): one small eager check,
+    # ~20 ms to compile, must land in the cache, as the ~40 of a sweep's start do
+    code = (
+        "from polarize.devices import enable_compilation_cache\n"
+        "enable_compilation_cache()\n"
+        "import jax.numpy as jnp\n"
+        "bool(jnp.any(~jnp.isfinite(jnp.arange(3.0))))\n"
+    )
+    env = {"POLARIZE_CACHE_DIR": str(tmp_path / "cache"), "POLARIZE_NO_CACHE": "", "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True)
+    assert len(list((tmp_path / "cache").iterdir())) >= 2
