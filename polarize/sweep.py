@@ -332,11 +332,24 @@ def run_sweep(
     todo = [i for i in my_chunks(len(ranges)) if not store.done(i)]
     started = time.perf_counter()
     bar = _progress(progress, ranges, todo)
-    for i in todo:
-        store.write(i, run_chunk(config, *ranges[i], devices=devices))
+
+    def finish(i, part):  # on disk, then the chunk's memory handed back
+        store.write(i, part)
         _release_free_memory()
         if bar is not None:
             bar.update(ranges[i][1] - ranges[i][0])
+
+    # chunk i is written while chunk i + 1 is computed (writing and trimming memory took
+    # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
+    with ThreadPoolExecutor(1) as writer:
+        written = None
+        for i in todo:
+            part = run_chunk(config, *ranges[i], devices=devices)
+            if written is not None:
+                written.result()  # a failed write stops the sweep here
+            written = writer.submit(finish, i, part)
+        if written is not None:
+            written.result()
     if bar is not None:
         bar.close()
     barrier("polarize-sweep-chunks")

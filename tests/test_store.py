@@ -212,3 +212,47 @@ def test_a_run_resumed_on_another_backend_keeps_its_sizes(tmp_path, monkeypatch,
     assert resumed_config(SweepConfig(tokens=4, block_size=64), tmp_path).block_size == 64
     assert main(["sweep", "--resume", str(tmp_path), "--block-size", "64", "--no-progress"]) == 2
     assert "block_size=128 (requested 64)" in capsys.readouterr().err
+
+
+def test_an_interrupt_keeps_the_chunk_being_written_and_a_failed_write_stops_the_run(
+    reference, tmp_path, monkeypatch, capsys
+):
+    # chunk i is written in a thread while chunk i + 1 computes: Ctrl-C during chunk 2
+    # must still leave chunks 0 and 1 on disk, and the resumed run must match
+    from polarize import sweep
+
+    real = sweep.run_chunk
+
+    def interrupted(config, start, stop, **kw):
+        if start >= 256:
+            raise KeyboardInterrupt
+        return real(config, start, stop, **kw)
+
+    def slow_write(self, i, part, write=sweep.ChunkStore.write):
+        time.sleep(0.5)  # still writing chunk 1 when chunk 2 is interrupted
+        return write(self, i, part)
+
+    monkeypatch.setattr(sweep, "run_chunk", interrupted)
+    monkeypatch.setattr(sweep.ChunkStore, "write", slow_write)
+    out = tmp_path / "ctrl-c"
+    code = main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "128", "--out", str(out)])
+    assert code == 130 and "finished work is on disk" in capsys.readouterr().err
+    assert sorted(p.name for p in (out / "chunks").glob("chunk-*.npz")) == [
+        "chunk-000000.npz",
+        "chunk-000001.npz",
+    ]
+    monkeypatch.undo()
+    assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
+    assert_same_results(out, reference)
+
+    def full_disk(self, i, part, write=sweep.ChunkStore.write, failed=[]):
+        if i == 1 and not failed:  # once: recomputing the chunk later would hide it
+            failed.append(i)
+            raise OSError(28, "No space left on device")
+        return write(self, i, part)
+
+    monkeypatch.setattr(sweep.ChunkStore, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        sweep.run_sweep(
+            pz.SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=512, chunk_size=128), tmp_path / "full"
+        )
