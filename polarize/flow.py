@@ -160,7 +160,7 @@ def modified_flow(
     field is `fields.Modified(lr, base)` on the `path` form, exact in reduced coordinates
     too because plain GD is the same iteration there.
     """
-    bad = lambda lr: ~(jnp.isfinite(lr) & (jnp.asarray(lr) >= 0))
+    bad = lambda lr, xp: ~(xp.isfinite(lr) & (xp.asarray(lr) >= 0))
     lr = refuse_if(lr, bad, f"`lr` must be a finite number >= 0; got {shown(lr)}")
     model, objective, base, block_size = prepare(
         model, objective, path=path, precision=precision, block_size=block_size

@@ -19,7 +19,7 @@ from .normalizations import AbstractNormalization, Softmax, normalization
 
 def finite(name: str, x: Array) -> Array:
     """`x`, refused when it holds NaN or Inf (also under jit: see `refuse_if`)."""
-    return refuse_if(x, lambda x: ~jnp.isfinite(x), f"`{name}` contains NaN or Inf")
+    return refuse_if(x, lambda x, xp: ~xp.isfinite(x), f"`{name}` contains NaN or Inf")
 
 
 class AbstractModel(eqx.Module):

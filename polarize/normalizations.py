@@ -65,14 +65,14 @@ def _ratio(h, dh):
 
 def _positive(name: str, value):
     """`value` if positive and finite, else refused (under jit too, see `refuse_if`)."""
-    bad = lambda x: ~(jnp.isfinite(x) & (jnp.asarray(x) > 0))
+    bad = lambda x, xp: ~(xp.isfinite(x) & (xp.asarray(x) > 0))
     return refuse_if(value, bad, f"`{name}` must be a positive finite number; got {shown(value)}")
 
 
 def _finite(name: str, value):
     """`value` if finite, else refused (under jit too, see `refuse_if`)."""
     return refuse_if(
-        value, lambda x: ~jnp.isfinite(x), f"`{name}` must be a finite number; got {shown(value)}"
+        value, lambda x, xp: ~xp.isfinite(x), f"`{name}` must be a finite number; got {shown(value)}"
     )
 
 

@@ -85,7 +85,7 @@ class LogisticDirection(AbstractObjective):
         b = finite("b", jnp.asarray(b))
         if b.ndim not in (1, 2):
             raise PolarizeError(f"`b` must have shape (dim,) or (inits, dim); got {b.shape}")
-        b = refuse_if(b, lambda b: jnp.all(b == 0, axis=-1), "`b` must be non-zero")
+        b = refuse_if(b, lambda b, xp: xp.all(b == 0, axis=-1), "`b` must be non-zero")
         self.b = b / jnp.linalg.norm(b, axis=-1, keepdims=True)
 
     def __call__(self, beta):
@@ -120,7 +120,7 @@ class LogisticData(AbstractDataObjective):
         _check_data_shapes(X, y)
         self.X = finite("X", X)
         self.y = refuse_if(
-            finite("y", y), lambda y: jnp.abs(y) != 1, "`y` must hold labels -1 or +1 for LogisticData"
+            finite("y", y), lambda y, xp: xp.abs(y) != 1, "`y` must hold labels -1 or +1 for LogisticData"
         )
 
     def __call__(self, beta):
@@ -169,7 +169,7 @@ class CrossEntropy(AbstractObjective):
         p = finite("p", jnp.asarray(p))
         if p.ndim not in (1, 2):
             raise PolarizeError(f"`p` must have shape (dim,) or (inits, dim); got {p.shape}")
-        bad = lambda p: jnp.any(p < 0) | ~jnp.allclose(p.sum(-1), 1.0, atol=1e-6)
+        bad = lambda p, xp: xp.any(p < 0) | ~xp.isclose(p.sum(-1), 1.0, atol=1e-6)
         self.p = refuse_if(p, bad, "`p` must be a probability vector (non-negative, summing to 1)")
 
     def __call__(self, beta):

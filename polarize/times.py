@@ -36,19 +36,19 @@ def check_times(
     check = jnp.result_type(float)  # checks in the widest float available
     with jax.ensure_compile_time_eval():  # concrete times stay concrete inside a caller's trace
         t0_, t1_ = jnp.asarray(t0, check), jnp.asarray(t1, check)
-    t0_ = refuse_if(t0_, lambda t: ~jnp.isfinite(t), f"`t0` must be finite; got t0={shown(t0)}")
-    t1_ = refuse_if(t1_, lambda t: ~jnp.isfinite(t), f"`t1` must be finite; got t1={shown(t1)}")
-    t0_ = refuse_if(t0_, lambda t: t < 0, f"`t0` must be >= 0; got t0={shown(t0)}")
+    t0_ = refuse_if(t0_, lambda t, xp: ~xp.isfinite(t), f"`t0` must be finite; got t0={shown(t0)}")
+    t1_ = refuse_if(t1_, lambda t, xp: ~xp.isfinite(t), f"`t1` must be finite; got t1={shown(t1)}")
+    t0_ = refuse_if(t0_, lambda t, xp: t < 0, f"`t0` must be >= 0; got t0={shown(t0)}")
     t0_, t1_ = refuse_if(
         (t0_, t1_),
-        lambda t: ~(t[1] > t[0]),
+        lambda t, xp: ~(t[1] > t[0]),
         f"`t1` must be greater than `t0`; got t0={shown(t0)}, t1={shown(t1)}",
     )
     dtype = jnp.dtype(dtype or check)
     limit = float(jnp.finfo(dtype).max) / 2
     t1_ = refuse_if(
         t1_,
-        lambda t: t > limit,
+        lambda t, xp: t > limit,
         f"`t1` must be below {limit:.2g} for a {dtype.name} flow (1 + t must be representable); "
         f"got t1={shown(t1)}: use precision='float64' or a shorter horizon",
     )
@@ -63,10 +63,12 @@ def check_times(
             ts_ = jnp.asarray(ts, check)
         if ts_.ndim != 1 or ts_.size == 0:
             raise PolarizeError(f"`ts` must be a non-empty 1-D array of finite times; got shape {ts_.shape}")
-        ts_ = refuse_if(ts_, lambda t: ~jnp.isfinite(t), "`ts` must be a non-empty 1-D array of finite times")
+        ts_ = refuse_if(
+            ts_, lambda t, xp: ~xp.isfinite(t), "`ts` must be a non-empty 1-D array of finite times"
+        )
         ts_, _, _ = refuse_if(
             (ts_, t0_, t1_),
-            lambda x: jnp.any(jnp.diff(x[0]) < 0) | (x[0][0] < x[1]) | (x[0][-1] > x[2]),
+            lambda x, xp: xp.any(xp.diff(x[0]) < 0) | (x[0][0] < x[1]) | (x[0][-1] > x[2]),
             f"`ts` must be non-decreasing and lie in [t0, t1] = [{shown(t0)}, {shown(t1)}]",
         )
     return t0_.astype(dtype), t1_.astype(dtype), ts_.astype(dtype)

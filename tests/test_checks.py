@@ -92,3 +92,30 @@ def test_reduced_field_holds_for_a_direction_of_any_length():
     np.testing.assert_allclose(fast.a, ref.a, rtol=0, atol=1e-8)
     gd, gd_ref = (pz.descend(model, obj, 0.05, steps=50, n_save=2, path=p) for p in ("reduced", "autodiff"))
     np.testing.assert_allclose(gd.V, gd_ref.V, rtol=0, atol=1e-12)
+
+
+def test_checks_on_concrete_values_compile_no_program():
+    """Concrete values are checked with numpy on the host: a fresh process used to compile
+    one small XLA program per check and shape (~20 at a sweep's start, 20-60 ms each)."""
+    from polarize.errors import refuse_if
+    from polarize.models import finite
+
+    compiled, listening = [], [True]
+
+    def listen(event, duration, **kw):
+        if listening[0] and event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    V = jnp.asarray(np.linspace(-1.0, 1.0, 5 * 13).reshape(5, 13))  # a shape no test uses
+    times = (jnp.asarray(0.25), jnp.asarray(0.75))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        assert finite("V", V) is V
+        with pytest.raises(pz.PolarizeError, match="`V` contains NaN or Inf"):
+            finite("V", np.where(np.arange(65).reshape(5, 13) == 7, np.nan, 1.0))
+        assert refuse_if(times, lambda t, xp: ~(t[1] > t[0]), "order") is times
+        with pytest.raises(pz.PolarizeError, match="order"):
+            refuse_if(times[::-1], lambda t, xp: ~(t[1] > t[0]), "order")
+    finally:
+        listening[0] = False
+    assert compiled == []
