@@ -17,6 +17,8 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 import ctypes
 import dataclasses
 import functools
+import importlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -331,6 +333,8 @@ def run_sweep(
     store = ChunkStore(out, ranges, REQUIRED)
     todo = [i for i in my_chunks(len(ranges)) if not store.done(i)]
     started = time.perf_counter()
+    if jax.process_index() == 0:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
+        threading.Thread(target=importlib.import_module, args=(f"{__package__}.plots",)).start()
     bar = _progress(progress, ranges, todo)
 
     def finish(i, part):  # on disk, then the chunk's memory handed back

@@ -211,3 +211,25 @@ def test_the_cli_cache_keeps_programs_however_quick_their_compile(tmp_path):
     env = {"POLARIZE_CACHE_DIR": str(tmp_path / "cache"), "POLARIZE_NO_CACHE": "", "JAX_PLATFORMS": "cpu"}
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True)
     assert len(list((tmp_path / "cache").iterdir())) >= 2
+
+
+def test_the_cli_starts_without_the_transformer_labs_imports():
+    # the lab (matplotlib, its training code) loads on first use, not at every start
+    code = (
+        "import sys\n"
+        "import polarize as pz\n"
+        "from polarize.cli import build_parser\n"
+        "build_parser()\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'\n"
+        "assert 'polarize.transformer.experiments' not in sys.modules\n"
+        "from polarize.transformer import Config, fit\n"
+        "assert pz.transformer.Config is Config and callable(fit)\n"
+        "assert 'matplotlib' in sys.modules\n"
+        "try:\n"
+        "    pz.transformer.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_name' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})

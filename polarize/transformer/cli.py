@@ -8,7 +8,6 @@ import numpy as np
 from .. import sinks
 from ..errors import PolarizeError
 from ..storage import read_npz
-from . import experiments, figures
 
 
 def _list(kind):
@@ -57,6 +56,8 @@ def _parse_list(name: str, text, kind):
 
 
 def _run_grid(task: str, args) -> int:
+    from . import experiments  # the lab's training code and figures: only when it runs
+
     config = experiments.make_config(
         task,
         "small" if args.small else args.preset,
@@ -126,7 +127,9 @@ def _sinks(args) -> int:
     table = sinks.head_table(a, eps=args.eps, key=args.k)
     print(sinks.format_table(table, eps=args.eps))
     out = Path(args.out) if args.out else path.with_suffix(".png")
-    figures.heatmap(table, out, title=f"{path.name}: {key}")
+    from .figures import heatmap
+
+    heatmap(table, out, title=f"{path.name}: {key}")
     print(f"figure: {out}")
     return 0
 
