@@ -1,20 +1,22 @@
 """The main job as users run it: `polarize sweep --inits 1000000` with every default.
 
-Runs the CLI twice, each in a fresh process (compilation, chunk files, summary and
-figures included): first with an empty persistent compilation cache (a user's first
+Runs the CLI in pairs, each run in a fresh process (compilation, chunk files, summary
+and figures included): first with an empty persistent compilation cache (a user's first
 run), then again with the programs that run cached (every later run of the same
-shapes). Reports each run's wall time, peak resident memory (VmHWM, read by the
-child itself at exit) and throughput; then the same sweep's
-per-chunk cost split into its parts (the flow solve alone, the flow with its hitting
-times, the final statistics; the previous restart method of hitting times for
-comparison), measured in this process on one piece (`sweep.PIECE` initializations).
+shapes); two pairs by default, each with a cache of its own, and the medians. Reports
+each run's wall time, peak resident memory (VmHWM, read by the child itself at exit) and
+throughput; then the same sweep's per-chunk cost split into its parts (the flow solve
+alone, the flow with its hitting times, the final statistics; the previous restart method
+of hitting times for comparison), measured in this process on one piece (`sweep.PIECE`
+initializations).
 
-    python benchmarks/sweep_million.py            # 1e6 inits (several minutes)
+    python benchmarks/sweep_million.py            # 1e6 inits, two pairs of runs (~4 minutes)
     python benchmarks/sweep_million.py --quick    # 2e4 inits, does not write RESULTS.md
 """
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,28 +110,40 @@ def parts() -> list[list]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2e4 inits; does not write RESULTS.md")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        help="(first, cached) pairs, each with a fresh cache of its own (default 2; 1 with --quick)",
+    )
     args = parser.parse_args(argv)
     inits = 20_000 if args.quick else 1_000_000
+    pairs = args.pairs or (1 if args.quick else 2)
     from polarize import sweep
 
-    with tempfile.TemporaryDirectory() as cache:
-        runs = [run_cli(inits, cache) for _ in range(2)]  # cold, then warm
-    (wall, peak, last), (warm, warm_peak, _) = runs
+    first, cached = [], []
+    for _ in range(pairs):  # this machine's run-to-run spread is ~10%: one pair is one sample
+        with tempfile.TemporaryDirectory() as cache:
+            first.append(run_cli(inits, cache))  # an empty cache, as on a user's first run
+            cached.append(run_cli(inits, cache))  # the programs the first run cached
+    rows = []
+    for i in range(pairs):
+        both = (("first (compiles)", first[i]), ("again (cached programs)", cached[i]))
+        for label, (wall, peak, _) in both:
+            rows.append([f"{label}, pair {i + 1}", inits, fmt(wall), fmt(inits / wall), fmt(peak)])
+    median = lambda runs, k: statistics.median(r[k] for r in runs)
+    for label, runs in (("first runs", first), ("cached runs", cached)):
+        wall = median(runs, 0)
+        rows.append([f"median of the {label}", inits, fmt(wall), fmt(inits / wall), fmt(median(runs, 1))])
     body = (
         f"`polarize sweep --inits {inits}` with every default (logistic toy T = d = 8, t1 = 1e5, "
         f"64 saves, hitting times, chunks of 12,288 written to disk), each run in a fresh process on "
         f"this machine ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end). "
-        "The first run starts from an empty compilation cache; the second finds its programs "
-        "in the persistent cache the first one filled (`polarize.devices.cache_dir()`), as "
-        "every later run of the same shapes does:\n\n"
-        + table(
-            ["run", "inits", "wall s", "inits / s", "peak RSS MiB"],
-            [
-                ["first (compiles)", inits, fmt(wall), fmt(inits / wall), fmt(peak)],
-                ["again (cached programs)", inits, fmt(warm), fmt(inits / warm), fmt(warm_peak)],
-            ],
-        )
-        + f"\n\nThe first run's summary line: `{last}`\n\n"
+        f"{pairs} pair(s) of runs, each pair with a compilation cache of its own: the first run "
+        "starts from an empty cache; the second finds its programs in the persistent cache the "
+        "first one filled (`polarize.devices.cache_dir()`), as every later run of the same shapes "
+        "does:\n\n"
+        + table(["run", "inits", "wall s", "inits / s", "peak RSS MiB"], rows)
+        + f"\n\nThe first run's summary line: `{first[0][2]}`\n\n"
         f"Where a piece of {sweep.PIECE} inits spends its time (this process, one thread, best of 3 "
         "after a warm-up, compile excluded):\n\n"
         + table(["part", "s", "us / init", "% of measure()"], parts())
