@@ -167,3 +167,22 @@ def test_gradients_through_the_batched_loop():
 def test_bad_method():
     with pytest.raises(PolarizeError, match="method"):
         _solve(_decay, jnp.ones((2, 1)), jnp.ones(2), 0, jnp.linspace(0.0, 1.0, 3), method="rk4")
+
+
+def test_a_block_program_is_traced_once_and_maps_every_block():
+    # block_map traces its block program once (for the output shapes and the loop body
+    # both: a solver's took ~0.6 s to trace and was traced twice), and still writes
+    # every block, the last one overlapping the one before
+    from polarize.ensembles import block_map
+
+    calls = []
+
+    def per_block(x):
+        calls.append(x.shape)
+        return {"double": 2 * x, "row_sum": jnp.sum(x, axis=1)}
+
+    x = jnp.arange(10 * 3, dtype=jnp.float64).reshape(10, 3)
+    out = jax.jit(lambda x: block_map(per_block, x, block_size=4))(x)
+    assert calls == [(4, 3)]
+    np.testing.assert_array_equal(out["double"], 2 * np.asarray(x))
+    np.testing.assert_array_equal(out["row_sum"], np.asarray(x).sum(axis=1))
