@@ -36,48 +36,94 @@ def summary_of(config: SweepConfig, arrays: dict) -> dict:
     return aggregate(final, config.threshold)
 
 
-def assemble(config: SweepConfig, out: Path, store: ChunkStore, *, sample: int, wall: float) -> dict:
-    """Gather the chunks into per_init.npz/series.npz, write summary.json and draw the figures.
+class Gather:
+    """A sweep's per-initialization arrays, gathered chunk by chunk as they are finished.
 
-    One pass over the chunks: the per-initialization numbers are filled into
-    preallocated arrays, and the snapshot series (most of the bytes) are appended to
-    raw files and streamed into series.npz, so they are never whole in memory; the
-    figures then read one series at a time. Figures that cannot be drawn (no finished
-    initialization) are drawn empty with a note, never a crash.
+    Each array goes to a raw file in `folder` at its rows' offset, in any chunk order, so
+    the sweep's memory does not grow with it and `assemble` does not read back (and
+    re-hash) the chunks this process has just written. `done` holds the chunks gathered.
     """
+
+    def __init__(self, inits: int, folder):
+        self.inits, self.folder, self.done, self.layout = inits, Path(folder), set(), None
+
+    def add(self, i: int, start: int, part: dict) -> None:
+        if self.layout is None:  # every chunk has the same arrays: the first fixes the files
+            names = [k for k in part if k not in ("start", "stop")]
+            self.layout = {k: (part[k].shape[1:], part[k].dtype) for k in names}
+            for k in names:
+                with open(self.folder / k, "wb") as f:
+                    f.truncate(self.inits * self._row(k))
+        for k, (_, dtype) in self.layout.items():
+            with open(self.folder / k, "r+b") as f:
+                f.seek(start * self._row(k))
+                f.write(np.ascontiguousarray(part[k], dtype=dtype).tobytes())
+        self.done.add(i)
+
+    def _row(self, k: str) -> int:
+        shape, dtype = self.layout[k]
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+    def raw(self, k: str) -> tuple:
+        """(file, shape, dtype) of array `k` for `write_npz_streamed`."""
+        shape, dtype = self.layout[k]
+        return self.folder / k, (self.inits,) + shape, dtype
+
+    def array(self, k: str) -> np.ndarray:
+        shape, dtype = self.layout[k]
+        return np.fromfile(self.folder / k, dtype=dtype).reshape((self.inits,) + shape)
+
+
+def gathering(out: Path):
+    """A temporary folder for a `Gather` inside `out` (removed on exit), after removing
+    any left there by a run that was killed."""
+    import shutil
     import tempfile
 
+    for stale in Path(out).glob(".assemble-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.TemporaryDirectory(dir=out, prefix=".assemble-")
+
+
+def assemble(
+    config: SweepConfig,
+    out: Path,
+    store: ChunkStore,
+    *,
+    sample: int,
+    wall: float,
+    gather: Gather | None = None,
+) -> dict:
+    """Gather the chunks into per_init.npz/series.npz, write summary.json and draw the figures.
+
+    `gather` holds the chunks this process gathered while it computed them (see
+    `Gather`); the others are read from disk here (a resumed run's, other processes'),
+    and a chunk gone missing is computed. The snapshot series (most of the bytes) are
+    streamed from their raw files into series.npz, so they are never whole in memory;
+    the figures then read one series at a time. Figures that cannot be drawn (no
+    finished initialization) are drawn empty with a note, never a crash.
+    """
     from .plots import sweep_figures
     from .sweep import run_chunk, solve
 
-    arrays, raw = None, {}
-    with tempfile.TemporaryDirectory(dir=out, prefix=".assemble-") as tmp:
-        with contextlib.ExitStack() as files:
-            streams = {}
-            for i, (start, stop) in enumerate(store.ranges):
-                part = store.read(i)
-                if part is None:  # another process's chunk went missing: compute it here
-                    part = run_chunk(config, start, stop)
-                    store.write(i, part)
-                if arrays is None:
-                    names = [k for k in part if k not in ("start", "stop")]
-                    arrays = {
-                        k: np.empty((config.inits,) + part[k].shape[1:], part[k].dtype)
-                        for k in names
-                        if not k.startswith("snap_")
-                    }
-                    for k in (k for k in names if k.startswith("snap_")):
-                        streams[k] = files.enter_context(open(Path(tmp) / k, "wb"))
-                        raw[k] = (Path(tmp) / k, (config.inits,) + part[k].shape[1:], part[k].dtype)
-                for k in arrays:
-                    arrays[k][start:stop] = part[k]
-                for k, f in streams.items():
-                    f.write(np.ascontiguousarray(part[k], dtype=raw[k][2]).tobytes())
-                del part
+    with contextlib.ExitStack() as stack:
+        if gather is None:
+            gather = Gather(config.inits, stack.enter_context(gathering(out)))
+        for i, (start, stop) in enumerate(store.ranges):
+            if i in gather.done:
+                continue
+            part = store.read(i)
+            if part is None:  # another process's chunk went missing: compute it here
+                part = run_chunk(config, start, stop)
+                store.write(i, part)
+            gather.add(i, start, part)
+            del part
+        arrays = {k: gather.array(k) for k in gather.layout if not k.startswith("snap_")}
         summary = summary_of(config, arrays)
         summary["wall_seconds"] = round(wall, 3)
         write_npz(out / "per_init.npz", arrays)
         ts = config.times()[config.snapshot_index()]
+        raw = {k: gather.raw(k) for k in gather.layout if k.startswith("snap_")}
         write_npz_streamed(out / "series.npz", {"ts": ts, "ok": arrays["ok"]}, raw)
     if sample:
         n = min(sample, config.inits)

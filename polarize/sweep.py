@@ -14,6 +14,7 @@ Per initialization only reduced quantities are kept (`measure`): final statistic
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
 """
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -313,7 +314,7 @@ def run_sweep(
     (`jax.distributed.initialize()` first), each computes its share of chunks and
     process 0 assembles the results (the others return an empty dict).
     """
-    from .results import assemble
+    from .results import Gather, assemble, gathering
 
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
@@ -333,33 +334,40 @@ def run_sweep(
     store = ChunkStore(out, ranges, REQUIRED)
     todo = [i for i in my_chunks(len(ranges)) if not store.done(i)]
     started = time.perf_counter()
-    if jax.process_index() == 0:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
+    assembler = jax.process_index() == 0
+    if assembler:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
         threading.Thread(target=importlib.import_module, args=(f"{__package__}.plots",)).start()
     bar = _progress(progress, ranges, todo)
+    with contextlib.ExitStack() as stack:
+        # process 0 gathers its chunks for the assembly as they are finished
+        gather = Gather(config.inits, stack.enter_context(gathering(out))) if assembler else None
 
-    def finish(i, part):  # on disk, then the chunk's memory handed back
-        store.write(i, part)
-        _release_free_memory()
-        if bar is not None:
-            bar.update(ranges[i][1] - ranges[i][0])
+        def finish(i, part):  # on disk, gathered, then the chunk's memory handed back
+            store.write(i, part)
+            if gather is not None:
+                gather.add(i, ranges[i][0], part)
+            _release_free_memory()
+            if bar is not None:
+                bar.update(ranges[i][1] - ranges[i][0])
 
-    # chunk i is written while chunk i + 1 is computed (writing and trimming memory took
-    # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
-    with ThreadPoolExecutor(1) as writer:
-        written = None
-        for i in todo:
-            part = run_chunk(config, *ranges[i], devices=devices)
+        # chunk i is written while chunk i + 1 is computed (writing and trimming memory took
+        # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
+        with ThreadPoolExecutor(1) as writer:
+            written = None
+            for i in todo:
+                part = run_chunk(config, *ranges[i], devices=devices)
+                if written is not None:
+                    written.result()  # a failed write stops the sweep here
+                written = writer.submit(finish, i, part)
             if written is not None:
-                written.result()  # a failed write stops the sweep here
-            written = writer.submit(finish, i, part)
-        if written is not None:
-            written.result()
-    if bar is not None:
-        bar.close()
-    barrier("polarize-sweep-chunks")
-    if jax.process_index() != 0:
-        return {}
-    return assemble(config, out, store, sample=sample, wall=time.perf_counter() - started)
+                written.result()
+        if bar is not None:
+            bar.close()
+        barrier("polarize-sweep-chunks")
+        if not assembler:
+            return {}
+        wall = time.perf_counter() - started
+        return assemble(config, out, store, sample=sample, wall=wall, gather=gather)
 
 
 def _release_free_memory() -> None:

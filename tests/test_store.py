@@ -256,3 +256,31 @@ def test_an_interrupt_keeps_the_chunk_being_written_and_a_failed_write_stops_the
         sweep.run_sweep(
             pz.SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=512, chunk_size=128), tmp_path / "full"
         )
+
+
+def test_the_assembly_reads_back_no_chunk_this_process_wrote(reference, tmp_path, monkeypatch):
+    # each chunk is gathered as it is finished: the assembly reads only the chunks of a
+    # previous process (a resume), and removes what a killed run's gathering left behind
+    from polarize import sweep
+
+    out = tmp_path / "fresh"
+    read = sweep.ChunkStore.read
+    reads = []
+
+    def counted(self, i):
+        if self.path(i).exists():
+            reads.append(i)
+        return read(self, i)
+
+    monkeypatch.setattr(sweep.ChunkStore, "read", counted)
+    assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "128", "--out", str(out)]) == 0
+    assert reads == [] and not list(out.glob(".assemble-*"))
+    assert_same_results(out, reference)
+    (out / "summary.json").unlink()
+    (out / "chunks" / "chunk-000005.npz").unlink()
+    (out / ".assemble-left-by-a-killed-run").mkdir()
+    (out / ".assemble-left-by-a-killed-run" / "snap_entropy").write_bytes(b"partial")
+    assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
+    assert sorted(set(reads)) == [i for i in range(40) if i != 5]  # the others, from disk
+    assert not list(out.glob(".assemble-*"))
+    assert_same_results(out, reference)
