@@ -119,3 +119,17 @@ def test_checks_on_concrete_values_compile_no_program():
     finally:
         listening[0] = False
     assert compiled == []
+
+
+@pytest.mark.parametrize("name, build, good, bad, message", TRACED_CHECKS, ids=[c[0] for c in TRACED_CHECKS])
+def test_check_on_accelerator_values_refuses_with_jax_numpy(name, build, good, bad, message, monkeypatch):
+    """Concrete values on an accelerator are checked there with jax.numpy, not copied to the
+    host: the same checks, the same messages (the branch forced here, as CPU runs lack one)."""
+    from polarize import errors
+
+    on_host = []
+    monkeypatch.setattr(errors, "_in_host_memory", lambda leaf: on_host.append(leaf) and False)
+    jax.block_until_ready(build(jnp.asarray(good)))
+    with pytest.raises(pz.PolarizeError, match=message):
+        build(jnp.asarray(bad))
+    assert on_host  # the check asked where its values live

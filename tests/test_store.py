@@ -272,7 +272,18 @@ def test_the_assembly_reads_back_no_chunk_this_process_wrote(reference, tmp_path
             reads.append(i)
         return read(self, i)
 
+    from polarize import results
+
+    assemble, in_assembly = results.assemble, []
+
+    def watched(*args, **kwargs):  # the chunk reads made by the assembly itself
+        before = len(reads)
+        summary = assemble(*args, **kwargs)
+        in_assembly.extend(reads[before:])
+        return summary
+
     monkeypatch.setattr(sweep.ChunkStore, "read", counted)
+    monkeypatch.setattr(results, "assemble", watched)
     assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "128", "--out", str(out)]) == 0
     assert reads == [] and not list(out.glob(".assemble-*"))
     assert_same_results(out, reference)
@@ -282,5 +293,6 @@ def test_the_assembly_reads_back_no_chunk_this_process_wrote(reference, tmp_path
     (out / ".assemble-left-by-a-killed-run" / "snap_entropy").write_bytes(b"partial")
     assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
     assert sorted(set(reads)) == [i for i in range(40) if i != 5]  # the others, from disk
+    assert sorted(in_assembly) == [i for i in range(40) if i != 5]  # chunk 5 was gathered
     assert not list(out.glob(".assemble-*"))
     assert_same_results(out, reference)
