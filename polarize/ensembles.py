@@ -213,8 +213,14 @@ def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out:
     is_none = lambda x: x is None
 
     def chunk(start):
-        index = np.minimum(np.arange(start, start + per), n - 1)
-        take = lambda ax, x: x if ax is None else x[index]
+        def take(ax, x):
+            if ax is None:
+                return x
+            rows = np.asarray(x)[start : start + per]  # a view
+            if rows.shape[0] < per:  # the last chunk, padded with copies of its last init
+                rows = np.concatenate([rows, np.repeat(rows[-1:], per - rows.shape[0], axis=0)])
+            return rows
+
         return jax.tree.map(take, axes, (model, objective), is_leaf=is_none)
 
     chunks = [chunk(start) for start in range(0, n, per)]
