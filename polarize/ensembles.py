@@ -193,8 +193,8 @@ def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out:
     many the machine has. With concrete inputs on CPU and at least two blocks, the
     initializations are cut into `cpu_threads()` chunks of whole blocks (views of the
     inputs' host arrays; the last chunk a copy padded with its last initialization to the
-    same shape), each run by the same compiled program in its own thread. Blocks are the unchunked run's, so every
-    initialization's numbers are identical to it bit for bit. Each thread copies its
+    same shape), each run by the same compiled program in its own thread. Blocks are the
+    unchunked run's, so every initialization's numbers are identical to it bit for bit. Each thread copies its
     chunk into its rows of the joined outputs (host buffers that JAX then reads without
     a copy), so joining costs no pass of its own.
 
