@@ -194,9 +194,9 @@ def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out:
     initializations are cut into `cpu_threads()` chunks of whole blocks (views of the
     inputs' host arrays; the last chunk a copy padded with its last initialization to the
     same shape), each run by the same compiled program in its own thread. Blocks are the
-    unchunked run's, so every initialization's numbers are identical to it bit for bit. Each thread copies its
-    chunk into its rows of the joined outputs (host buffers that JAX then reads without
-    a copy), so joining costs no pass of its own.
+    unchunked run's, so every initialization's numbers are identical to it bit for bit.
+    Each thread copies its chunk into its rows of the joined outputs (host buffers that
+    JAX then reads without a copy), so joining costs no pass of its own.
 
     Returns the joined outputs, or None where this does not apply (traced inputs,
     another backend, one core or one block): then call `jitted` directly.
