@@ -227,7 +227,7 @@ def floor_comparison(model, objective, t1):
 
 def field_cost(model, objective):
     """(flops, transcendentals) of one evaluation of polarize's vector field for one init (XLA's count)."""
-    from polarize.fields import choose_field
+    from polarize.core.fields import choose_field
 
     one = pz.ValueAttention(model.V[0], model.a[0], model.norm)
     system = choose_field(one, objective)

@@ -65,9 +65,9 @@ def parts() -> list[list]:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from polarize import sweep
-    from polarize.config import SweepConfig
-    from polarize.statistics import final_statistics
+    from polarize.measure._statistics import final_statistics
+    from polarize.runs import _sweep as sweep
+    from polarize.runs._config import SweepConfig
 
     config = SweepConfig()
     objective = config.build_objective()
@@ -83,7 +83,7 @@ def parts() -> list[list]:
         return best, out
 
     import polarize as pz
-    from polarize.hitting import hitting_times
+    from polarize.solve._hitting import hitting_times
 
     options = dict(
         rtol=config.rtol, atol=config.atol, max_steps=config.max_steps, solver=config.build_solver()
@@ -118,7 +118,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     inits = 20_000 if args.quick else 1_000_000
     pairs = args.pairs or (1 if args.quick else 2)
-    from polarize import sweep
+    from polarize.runs import _sweep as sweep
 
     first, cached = [], []
     for _ in range(pairs):  # this machine's run-to-run spread is ~10%: one pair is one sample

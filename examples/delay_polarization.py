@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import polarize as pz  # noqa: E402
-from polarize.storage import write_json  # noqa: E402
+from polarize.runs._storage import write_json  # noqa: E402
 
 SOLVE = dict(rtol=1e-8, atol=1e-10)
 

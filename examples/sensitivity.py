@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import polarize as pz  # noqa: E402
-from polarize.storage import write_json  # noqa: E402
+from polarize.runs._storage import write_json  # noqa: E402
 
 
 def winner_boundary(winner: np.ndarray) -> np.ndarray:

@@ -4,17 +4,23 @@ Bad input ends with one line `polarize: error: ...` and exit status 2, no traceb
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
-from .errors import PolarizeError
+import jax
+
+from .core import NORMALIZATIONS, PolarizeError
+from .runs import SweepConfig, load_study, report, run_study, run_sweep
+from .runs._config import METHODS, OBJECTIVES, SOLVERS
+from .runs._folder import stored_config
+from .runs._results import failed_too_many, failure_line, result_line
+from .solve._devices import enable_compilation_cache, start_distributed
+from .transformer.cli import add_subcommands
 
 
 def _add_sweep(sub) -> None:
-    from .config import METHODS, OBJECTIVES, SOLVERS, SweepConfig
-    from .normalizations import NORMALIZATIONS
-
     d = SweepConfig()
     p = sub.add_parser(
         "sweep",
@@ -86,12 +92,6 @@ def _add_distributed(p) -> None:
 
 
 def _sweep(args) -> int:
-    import dataclasses
-
-    from .config import SweepConfig
-    from .results import failed_too_many, failure_line, result_line
-    from .sweep import run_sweep, stored_config
-
     _start_distributed(args)
     names = {f.name for f in dataclasses.fields(SweepConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
@@ -123,8 +123,6 @@ def _sweep(args) -> int:
 
 def _start_distributed(args) -> None:
     if getattr(args, "distributed", False):
-        from .devices import start_distributed
-
         start_distributed()
 
 
@@ -139,8 +137,6 @@ def _add_report(sub) -> None:
 
 
 def _report(args) -> int:
-    from .report import report
-
     for path in report(args.dir):
         print(path)
     return 0
@@ -161,14 +157,10 @@ def _add_study(sub) -> None:
 
 
 def _study(args) -> int:
-    from .study import load_study, run_study
-
     _start_distributed(args)
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
     result = run_study(study, out, progress=not args.no_progress)
-    import jax
-
     if jax.process_index() != 0:
         return 0
     print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
@@ -191,8 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_study(sub)
     _add_report(sub)
-    from .transformer.cli import add_subcommands
-
     add_subcommands(sub)
     return parser
 
@@ -201,10 +191,6 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        import jax
-
-        from .devices import enable_compilation_cache
-
         jax.config.update("jax_enable_x64", True)
         enable_compilation_cache()
         return args.func(args)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize.times import check_times
+from polarize.core._times import check_times
 
 # Under jit a check cannot raise while tracing; eqx.error_if stops the run with the message.
 RUNTIME = (ValueError, RuntimeError)
@@ -97,8 +97,8 @@ def test_reduced_field_holds_for_a_direction_of_any_length():
 def test_checks_on_concrete_values_compile_no_program():
     """Concrete values are checked with numpy on the host: a fresh process used to compile
     one small XLA program per check and shape (~20 at a sweep's start, 20-60 ms each)."""
-    from polarize.errors import refuse_if
-    from polarize.models import finite
+    from polarize.core._errors import refuse_if
+    from polarize.core._models import finite
 
     compiled, listening = [], [True]
 
@@ -125,7 +125,7 @@ def test_checks_on_concrete_values_compile_no_program():
 def test_check_on_accelerator_values_refuses_with_jax_numpy(name, build, good, bad, message, monkeypatch):
     """Concrete values on an accelerator are checked there with jax.numpy, not copied to the
     host: the same checks, the same messages (the branch forced here, as CPU runs lack one)."""
-    from polarize import errors
+    from polarize.core import _errors as errors
 
     on_host = []
     monkeypatch.setattr(errors, "_in_host_memory", lambda leaf: on_host.append(leaf) and False)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize import status
 from polarize.cli import main
-from polarize.hitting import logistic_rate
-from polarize.statistics import distribution, final_statistics, quantile
+from polarize.core import distribution, status
+from polarize.measure import logistic_rate
+from polarize.measure._statistics import final_statistics, quantile
 
 SMALL = ["--inits", "40", "--tokens", "5", "--dim", "4", "--t1", "1e4", "--n-save", "12"]
 
@@ -177,7 +177,7 @@ def test_a_failing_sweep_reports_counts_writes_everything_and_exits_nonzero(tmp_
 
 
 def test_more_than_half_failed_is_the_exit_rule():
-    from polarize.results import failed_too_many, failure_line
+    from polarize.runs._results import failed_too_many, failure_line
 
     assert failed_too_many({"n_inits": 100, "n_failed": 51})
     assert not failed_too_many({"n_inits": 100, "n_failed": 50})
@@ -185,7 +185,7 @@ def test_more_than_half_failed_is_the_exit_rule():
 
 
 def test_distributed_without_a_coordinator_is_one_line(tmp_path, capsys, monkeypatch):
-    from polarize.devices import COORDINATOR_ENV
+    from polarize.solve._devices import COORDINATOR_ENV
 
     for name in COORDINATOR_ENV:
         monkeypatch.delenv(name, raising=False)

@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize.fields import FIELDS, Analytic, Autodiff, Modified, Reduced, gradient, modified_loss
-from polarize.models import with_params
+from polarize.core._models import with_params
+from polarize.core.fields import (
+    FIELDS,
+    Analytic,
+    Autodiff,
+    Modified,
+    Reduced,
+    gradient,
+    modified_loss,
+)
 
 
 def objectives(dim, key=3):

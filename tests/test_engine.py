@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize import engine, status as codes
-from polarize.engine import integrate
-from polarize.ensembles import batch_axes
-from polarize.errors import PolarizeError
-from polarize.fields import FIELDS
+from polarize.core import status as codes
+from polarize.core._batching import batch_axes
+from polarize.core._errors import PolarizeError
+from polarize.core.fields import FIELDS
+from polarize.solve import _engine as engine
+from polarize.solve._engine import integrate
+from polarize.solve._options import SolveOptions
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
@@ -24,9 +26,10 @@ def _decay(s, y, args):
 
 def _solve(field, y0, args, args_axes, ts, *, method, ends_only=False, **kw):
     opts = dict(solver=diffrax.Tsit5(), max_steps=10_000, **TIGHT) | kw
+    options = SolveOptions(t1=ts[-1], ends_only=ends_only, **opts)
     return eqx.filter_jit(
         lambda y0, args: integrate(
-            field, y0, args, args_axes, t0=ts[0], t1=ts[-1], ts=ts, ends_only=ends_only, method=method, **opts
+            field, y0, args, args_axes, t0=ts[0], t1=ts[-1], ts=ts, options=options, method=method
         )
     )(y0, args)
 
@@ -173,7 +176,7 @@ def test_a_block_program_is_traced_once_and_maps_every_block():
     # block_map traces its block program once (for the output shapes and the loop body
     # both: a solver's took ~0.6 s to trace and was traced twice), and still writes
     # every block, the last one overlapping the one before
-    from polarize.ensembles import block_map
+    from polarize.core._batching import block_map
 
     calls = []
 

@@ -13,8 +13,8 @@ import optax
 import pytest
 
 import polarize as pz
-from polarize.fields import Analytic, Autodiff, Reduced, Span, choose_field
-from polarize.statistics import final_statistics
+from polarize.core.fields import Analytic, Autodiff, Reduced, Span, choose_field
+from polarize.measure._statistics import final_statistics
 
 DIM, TOKENS, SAMPLES = 6, 5, 3  # samples < dim: where "span" is the cheaper form
 
@@ -175,13 +175,15 @@ def test_chunks_in_threads_give_the_unchunked_numbers(monkeypatch):
     monkeypatch.setenv("POLARIZE_THREADS", "1")
     whole = run()
     calls = []
-    real = pz.ensembles.ThreadPoolExecutor
+    from polarize.core import _batching
+
+    real = _batching.ThreadPoolExecutor
 
     def counted(workers):
         calls.append(workers)
         return real(workers)
 
-    monkeypatch.setattr(pz.ensembles, "ThreadPoolExecutor", counted)
+    monkeypatch.setattr(_batching, "ThreadPoolExecutor", counted)
     monkeypatch.setenv("POLARIZE_THREADS", "2")
     chunked = run()
     assert calls == [2]  # two chunks ran side by side

@@ -23,7 +23,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import polarize as pz
-from polarize.grads import final_entropy, final_loss
+from polarize.measure._grads import final_entropy, final_loss
 
 TOKENS, DIM, SAMPLES = 3, 2, 4
 SOLVE = dict(n_save=2, rtol=1e-10, atol=1e-12)

@@ -12,7 +12,8 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import polarize as pz
-from polarize.hitting import check_levels, logistic_rate
+from polarize.measure import logistic_rate
+from polarize.solve._hitting import check_levels
 
 T = D = 3
 LEVELS = (0.5, 0.9, 0.99)
@@ -191,7 +192,7 @@ def test_levels_outside_unit_interval_are_refused(levels):
 
 def test_reduced_field_observes_weights_and_loss_without_rebuilding_v():
     """The check at every step: (weights, loss) from (u, a) equal those of the rebuilt V."""
-    from polarize.fields import AbstractField, Reduced
+    from polarize.core.fields import AbstractField, Reduced
 
     model = pz.init_ensemble(5, 1, tokens=T, dim=D, v_scale=0.5)
     model = eqx.tree_at(lambda m: (m.V, m.a), model, (model.V[0], model.a[0]))

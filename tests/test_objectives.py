@@ -66,7 +66,7 @@ def test_loss_of_the_margin_matches_the_loss_of_beta():
     for m in margins:
         np.testing.assert_allclose(obj.of_margin(m), np.logaddexp(0.0, -m), rtol=1e-13)
 
-    class Scaled(pz.objectives.AbstractObjective):  # l(<b, beta>) with |b| = 2, no l written
+    class Scaled(pz.AbstractObjective):  # l(<b, beta>) with |b| = 2, no l written
         core_ndim = {}
 
         def __call__(self, beta):

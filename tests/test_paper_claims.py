@@ -92,7 +92,7 @@ def test_modified_flow_at_zero_lr_is_the_flow_and_its_loss_matches_a_closed_form
     zero = pz.modified_flow(model, obj, 0.0, t1=20.0, ts=[0.0, 20.0], rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(zero.weights, ref.weights, atol=1e-10)
     # L + lr/4 |grad L|^2 against the closed-form gradient dL/dV = -g b s^T, dL/da = -g J^T V^T b
-    from polarize.fields import modified_loss
+    from polarize.core.fields import modified_loss
 
     one = pz.ValueAttention(model.V[0], model.a[0])
     s = jax.nn.softmax(one.a)

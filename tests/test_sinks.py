@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from polarize import sinks
+from polarize.measure import sinks
 
 
 def uniform_causal(n: int) -> np.ndarray:

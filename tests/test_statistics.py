@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from polarize.statistics import top_singular_share
+from polarize.measure._statistics import top_singular_share
 
 
 def _embed(M, n=8):
@@ -71,7 +71,7 @@ def test_top_singular_share_is_reverse_differentiable():
 
 
 def test_quantile_matches_numpy_and_is_infinite_next_to_an_inf():
-    from polarize.statistics import quantile
+    from polarize.measure._statistics import quantile
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 1000, 1001):

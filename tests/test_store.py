@@ -97,8 +97,8 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
     # and a piece is ONE block (per device); with the CPU's blocks, numbers are the CPU's
     import jax
 
-    from polarize import sweep
-    from polarize.config import SweepConfig
+    from polarize.runs import _sweep as sweep
+    from polarize.runs._config import SweepConfig
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     wide = SweepConfig().resolved()
@@ -175,7 +175,7 @@ def test_load_returns_a_run_with_tables(reference):
 
 def test_streamed_npz_reads_back_like_savez(tmp_path):
     """series.npz is written from raw files: np.load must see exactly the arrays."""
-    from polarize.storage import write_npz_streamed
+    from polarize.runs._storage import write_npz_streamed
 
     rng = np.random.default_rng(0)
     big = rng.standard_normal((1000, 7)).astype(np.float32)
@@ -201,9 +201,9 @@ def test_streamed_npz_reads_back_like_savez(tmp_path):
 def test_a_run_resumed_on_another_backend_keeps_its_sizes(tmp_path, monkeypatch, capsys):
     import jax
 
-    from polarize.config import SweepConfig
-    from polarize.storage import write_json
-    from polarize.sweep import resumed_config
+    from polarize.runs._config import SweepConfig
+    from polarize.runs._folder import resumed_config
+    from polarize.runs._storage import write_json
 
     cpu = SweepConfig(tokens=4).resolved()
     write_json(tmp_path / "config.json", {"sweep": cpu.to_dict()})
@@ -219,7 +219,7 @@ def test_an_interrupt_keeps_the_chunk_being_written_and_a_failed_write_stops_the
 ):
     # chunk i is written in a thread while chunk i + 1 computes: Ctrl-C during chunk 2
     # must still leave chunks 0 and 1 on disk, and the resumed run must match
-    from polarize import sweep
+    from polarize.runs import _sweep as sweep
 
     real = sweep.run_chunk
 
@@ -261,7 +261,7 @@ def test_an_interrupt_keeps_the_chunk_being_written_and_a_failed_write_stops_the
 def test_the_assembly_reads_back_no_chunk_this_process_wrote(reference, tmp_path, monkeypatch):
     # each chunk is gathered as it is finished: the assembly reads only the chunks of a
     # previous process (a resume), and removes what a killed run's gathering left behind
-    from polarize import sweep
+    from polarize.runs import _sweep as sweep
 
     out = tmp_path / "fresh"
     read = sweep.ChunkStore.read
@@ -272,18 +272,15 @@ def test_the_assembly_reads_back_no_chunk_this_process_wrote(reference, tmp_path
             reads.append(i)
         return read(self, i)
 
-    from polarize import results
+    complete, in_assembly = sweep._complete, []
 
-    assemble, in_assembly = results.assemble, []
-
-    def watched(*args, **kwargs):  # the chunk reads made by the assembly itself
+    def watched(*args, **kwargs):  # the chunk reads made to complete the assembly's gather
         before = len(reads)
-        summary = assemble(*args, **kwargs)
+        complete(*args, **kwargs)
         in_assembly.extend(reads[before:])
-        return summary
 
     monkeypatch.setattr(sweep.ChunkStore, "read", counted)
-    monkeypatch.setattr(results, "assemble", watched)
+    monkeypatch.setattr(sweep, "_complete", watched)
     assert main(["sweep", *ARGS, "--inits", "5120", "--chunk-size", "128", "--out", str(out)]) == 0
     assert reads == [] and not list(out.glob(".assemble-*"))
     assert_same_results(out, reference)

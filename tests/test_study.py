@@ -125,9 +125,9 @@ y = ["time_to_0.5", "one_hot_fraction"]
 def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
     # The cells' own sweep figures (4 per cell, drawn and checked in the test above) are
     # not what this test checks: skip drawing them (a quarter of its time).
-    import polarize.plots
+    from polarize.runs import _results
 
-    monkeypatch.setattr(polarize.plots, "sweep_figures", lambda arrays, config, out: [])
+    monkeypatch.setattr(_results, "sweep_figures", lambda arrays, config, out: [])
     spec = tmp_path / "heat.toml"
     spec.write_text(HEAT)
     out = tmp_path / "heat"
@@ -141,11 +141,11 @@ def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
         row = result.table[result.table["cell"] == cell].iloc[0]
         assert row["median_max_weight"] == rows["final_max_weight"][rows["ok"]].median()
     # the heatmap pools seeds: its numbers are the pooled medians
-    from polarize.study import _point
+    from polarize.figures._study import _point
 
     runs = [r for r in result.runs.values() if r.config.kappa == 4.0 and r.config.v_scale == 0.5]
     pooled = frame[(frame["kappa"] == 4.0) & (frame["v_scale"] == 0.5) & frame["ok"]]["time_to_0.5"]
-    assert len(runs) == 2 and _point(runs, "time_to_0.5")[0] == pz.statistics.quantile(pooled, 0.5)
+    assert len(runs) == 2 and _point(runs, "time_to_0.5")[0] == pz.measure.quantile(pooled, 0.5)
     image = plt.imread(out / "comparison.png")
     assert image.shape[1] > 1000  # two panels
     # the cells share one compiled program (they differ only in data): each cell's numbers
@@ -159,7 +159,7 @@ def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
 
 
 def test_shipped_study_files_are_valid():
-    from polarize.study import load_study
+    from polarize.runs._study import load_study
 
     root = Path(__file__).parents[1] / "examples"
     for name in ("normalizations.toml", "conditioning.toml"):

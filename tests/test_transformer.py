@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from polarize import sinks, storage
-from polarize.errors import PolarizeError
+from polarize.core._errors import PolarizeError
+from polarize.measure import sinks
+from polarize.runs import _storage as storage
 from polarize.transformer import experiments, tasks, train
 from polarize.transformer.attention import ATTENTIONS, ScoreAttention, make_attention
 from polarize.transformer.experiments import PAPER_NORMS, Config, make_config

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .. import normalizations as nz
-from ..errors import check_choice
+from ..core import _normalizations as nz
+from ..core._errors import check_choice
 
 Q = Float[Array, "heads queries dim"]
 K = Float[Array, "heads keys dim"]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import sinks
-from ..errors import PolarizeError
-from ..storage import read_npz
+from ..core._errors import PolarizeError
+from ..measure import sinks
+from ..runs._storage import read_npz
 
 
 def _list(kind):

@@ -19,9 +19,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .. import sinks
-from ..errors import PolarizeError, check_choice, check_positive
-from ..storage import read_json, read_npz, write_json, write_npz
+from ..core._errors import PolarizeError, check_choice, check_positive
+from ..measure import sinks
+from ..runs._storage import read_json, read_npz, write_json, write_npz
 from . import figures, train
 from .attention import ATTENTIONS, make_attention
 from .model import POSITIONS, Transformer

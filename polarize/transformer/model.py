@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ..errors import PolarizeError, check_choice, check_positive
+from ..core._errors import PolarizeError, check_choice, check_positive
 from .attention import AbstractAttention, make_attention
 
 POSITIONS = ("add", "concat", "none", "rope")

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from ..errors import PolarizeError, check_positive
+from ..core._errors import PolarizeError, check_positive
 
 
 def induction_vocab(vocab: int, shift_query: bool) -> int:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .. import sinks
+from ..measure import sinks
 from . import tasks
 from .model import Transformer
 

@@ -17,20 +17,20 @@ import diffrax
 import jax
 import numpy as np
 
-from .descent import save_steps
-from .ensembles import BLOCK_SIZE
-from .errors import PolarizeError, check_choice, check_positive
-from .hitting import LEVELS, LOSS_FRACTION, check_levels, time_names
-from .models import ValueAttention, as_key, init_ensemble
-from .normalizations import NORMALIZATIONS, AbstractNormalization, normalization
-from .objectives import (
+from ..solve._descent import save_steps
+from ..core._batching import BLOCK_SIZE
+from ..core._errors import PolarizeError, check_choice, check_positive
+from ..solve._options import LEVELS, LOSS_FRACTION, SolveOptions, Targets, check_levels, time_names
+from ..core._models import ValueAttention, as_key, init_ensemble
+from ..core._normalizations import NORMALIZATIONS, AbstractNormalization, normalization
+from ..core._objectives import (
     AbstractObjective,
     conditioned_regression,
     peaked_distribution,
     random_direction,
     random_labels,
 )
-from .times import save_times
+from ..core._times import save_times
 
 #: objective name -> builder(key, config): the sweep's target, shared by every initialization.
 OBJECTIVES = {
@@ -167,6 +167,20 @@ class SweepConfig:
         if self.method == "flow":
             return save_times(self.t1, self.n_save)
         return save_steps(self.steps, self.n_save) * self.lr
+
+    def solve_options(self) -> SolveOptions:
+        """The flow's settings of this sweep (its block size resolved): the one place a
+        config turns into `SolveOptions`, with its hitting-time targets."""
+        return SolveOptions(
+            t1=self.t1,
+            n_save=self.n_save,
+            solver=self.build_solver(),
+            rtol=self.rtol,
+            atol=self.atol,
+            max_steps=self.max_steps,
+            block_size=self.resolved().block_size,
+            targets=Targets.of(self.levels, self.loss_fraction),
+        )
 
     def horizon(self) -> float:
         return self.t1 if self.method == "flow" else self.steps * self.lr

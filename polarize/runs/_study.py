@@ -29,27 +29,22 @@ study's summary.json; the other cells go on.
 
 import dataclasses
 import itertools
+import json
 import re
 import tomllib
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from .config import SweepConfig
-from .devices import barrier
-from .errors import PolarizeError
-from .results import Run, failed_too_many, failure_line, load
-from .statistics import quantile
-from .storage import read_json, write_json
-from .sweep import resumed_config, run_sweep, stored_config
-
-#: Per-initialization statistics a study can plot (besides time_to_* of the cell's levels).
-PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C", "rate_drift")
-#: Ensemble fractions from summary.json a study can plot (besides fraction_reached_*).
-FRACTIONS = ("one_hot_fraction", "order_preserved_fraction", "winner_is_argmax_u0_fraction")
-#: Grid keys that count as replication (pooled in figures).
-REPLICATES = ("seed",)
-
+from ._config import SweepConfig
+from ..solve._devices import barrier
+from ..core._errors import PolarizeError
+from ._results import Run, failed_too_many, failure_line, load_run
+from ._storage import read_json, write_json
+from ._folder import resumed_config, stored_config
+from ._sweep import run_sweep
+from ..figures._study import FRACTIONS, PER_INIT, plot_study as draw_study
 
 @dataclasses.dataclass(frozen=True)
 class Study:
@@ -88,14 +83,6 @@ def statistic_names(config: SweepConfig) -> list[str]:
     times = config.time_names()
     reached = [f"fraction_reached_{n.removeprefix('time_to_')}" for n in times]
     return [*PER_INIT, *times, *FRACTIONS, *reached]
-
-
-def _per_init_key(y: str) -> str | None:
-    """The per_init.npz array behind statistic `y` (None for an ensemble fraction)."""
-    y = y.removeprefix("median_")
-    if y.startswith(("time_to_", "rate_")):
-        return y
-    return f"final_{y}" if y in PER_INIT else None
 
 
 def load_study(path) -> Study:
@@ -147,8 +134,6 @@ def run_study(study: Study, out, *, progress: bool = False) -> dict:
     Returns the study's summary: {"cells", "failed_cells": {name: reason}}. A failing
     cell does not stop the others.
     """
-    import jax
-
     out = Path(out)
     spec = out / "study.json"
     if spec.exists() and read_json(spec) != _json_roundtrip(study.to_dict()):
@@ -182,9 +167,12 @@ def run_study(study: Study, out, *, progress: bool = False) -> dict:
     return result
 
 
-def _json_roundtrip(d: dict) -> dict:
-    import json
+def plot_study(study: Study, out: Path) -> Path:
+    """comparison.png across cells, from stored results only."""
+    return draw_study(study, _finished_runs(study, out), Path(out) / "comparison.png")
 
+
+def _json_roundtrip(d: dict) -> dict:
     return json.loads(json.dumps(d))
 
 
@@ -192,7 +180,7 @@ def _finished_runs(study: Study, out: Path) -> list[tuple[str, Run]]:
     runs = []
     for name, _ in study.settings():
         if (out / "cells" / name / "summary.json").exists():
-            runs.append((name, load(out / "cells" / name)))
+            runs.append((name, load_run(out / "cells" / name)))
     return runs
 
 
@@ -247,155 +235,3 @@ def load_result(out) -> StudyResult:
     if not (out / "study.csv").exists():
         raise PolarizeError(f"`dir` {out} holds an unfinished study (no study.csv); rerun it first")
     return StudyResult(out, study, pd.read_csv(out / "study.csv"), dict(_finished_runs(study, out)))
-
-
-def plot_study(study: Study, out: Path) -> Path:
-    """comparison.png across cells, from stored results only."""
-    import matplotlib.pyplot as plt
-
-    runs = _finished_runs(study, out)
-    varied = [k for k in study.grid if k not in REPLICATES]
-    path = out / "comparison.png"
-    if not runs:
-        from .plots import empty_figure
-
-        return empty_figure(path, f"study {study.name}: no cell finished")
-    if study.x is not None:
-        fig = _against_x(study, runs, plt)
-    elif len(varied) == 2:
-        fig = _heatmaps(study, runs, varied, plt)
-    else:
-        fig = _against_time(study, runs, plt)
-    fig.suptitle(f"study {study.name}: {len(runs)} cells")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _values(runs: list[Run], y: str) -> np.ndarray:
-    """The per-initialization values of statistic y over the finished inits of `runs`."""
-    key = _per_init_key(y)
-    return np.concatenate([np.asarray(r.arrays[key], float)[np.asarray(r.arrays["ok"], bool)] for r in runs])
-
-
-def _point(runs: list[Run], y: str) -> tuple[float, float, float]:
-    """(median, q10, q90) of y over pooled runs; an ensemble fraction is pooled by init count."""
-    if _per_init_key(y) is None:
-        values = [(r.summary.get(y), r.summary["n_inits"] - r.summary["n_failed"]) for r in runs]
-        values = [(v, n) for v, n in values if v is not None and n > 0]
-        if not values:
-            return (np.nan,) * 3
-        mean = sum(v * n for v, n in values) / sum(n for _, n in values)
-        return mean, np.nan, np.nan
-    x = _values(runs, y)
-    if x.size == 0:
-        return (np.nan,) * 3
-    return tuple(np.nan if v is None else v for v in (quantile(x, 0.5), quantile(x, 0.1), quantile(x, 0.9)))
-
-
-def _label(y: str) -> str:
-    y = y.removeprefix("median_")
-    if y.startswith("time_to_loss_"):
-        return f"t(loss = {y.removeprefix('time_to_loss_')} L(0))"
-    if y.startswith("time_to_"):
-        return f"t(max weight = {y.removeprefix('time_to_')})"
-    return y.replace("_", " ")
-
-
-def _logarithmic(y: str) -> bool:
-    return y.removeprefix("median_").startswith(("time_to_", "rate_C"))
-
-
-def _groups(study: Study, runs, keys) -> dict:
-    """Finished runs grouped by their values of `keys` (seeds pooled)."""
-    groups: dict = {}
-    for _, run in runs:
-        groups.setdefault(tuple(getattr(run.config, k) for k in keys), []).append(run)
-    return groups
-
-
-def _against_x(study: Study, runs, plt):
-    others = [k for k in study.grid if k not in (study.x, *REPLICATES)]
-    fig, axes = plt.subplots(1, len(study.y), figsize=(6 * len(study.y), 4.5), constrained_layout=True)
-    axes = np.atleast_1d(axes)
-    lines = _groups(study, runs, others)
-    for ax, y in zip(axes, study.y, strict=True):
-        drawn, notes = [], []
-        for key, group in lines.items():
-            points = _groups(study, [(None, r) for r in group], [study.x])
-            xs = sorted(points)
-            stats = np.array([_point(points[x], y) for x in xs], dtype=float)
-            never = [x[0] for x, v in zip(xs, stats[:, 0], strict=True) if np.isinf(v)]
-            if never:
-                notes.append(f"median not reached by t1 at {study.x} = {', '.join(map(str, never))}")
-            stats[np.isinf(stats)] = np.nan  # never reached: nothing to draw
-            label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or "median"
-            xs = [x[0] for x in xs]
-            drawn.append(stats[np.isfinite(stats[:, 0]), 0])
-            (line,) = ax.plot(xs, stats[:, 0], marker="o", label=label)
-            if np.isfinite(stats[:, 1:]).any():
-                ax.fill_between(xs, stats[:, 1], stats[:, 2], color=line.get_color(), alpha=0.2)
-        ax.set_xlabel(study.x)
-        band = "" if _per_init_key(y) is None else " (median, 10-90% band)"
-        ax.set_ylabel(_label(y) + band)
-        drawn = np.concatenate(drawn)
-        if _logarithmic(y) and drawn.size and (drawn > 0).all():
-            ax.set_yscale("log")
-        if not drawn.size:
-            ax.text(0.5, 0.5, "median not reached in any cell", transform=ax.transAxes, ha="center")
-        elif notes:
-            ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="bottom")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return fig
-
-
-def _heatmaps(study: Study, runs, varied, plt):
-    from matplotlib.colors import LogNorm
-
-    kx, ky = varied
-    xs, ys = study.grid[kx], study.grid[ky]
-    cells = _groups(study, runs, [kx, ky])
-    fig, axes = plt.subplots(1, len(study.y), figsize=(6 * len(study.y), 4.5), constrained_layout=True)
-    for ax, y in zip(np.atleast_1d(axes), study.y, strict=True):
-        grid = np.full((len(ys), len(xs)), np.nan)
-        for (vx, vy), group in cells.items():
-            grid[ys.index(vy), xs.index(vx)] = _point(group, y)[0]
-        finite = grid[np.isfinite(grid)]
-        norm = LogNorm() if _logarithmic(y) and finite.size and (finite > 0).all() else None
-        image = ax.imshow(
-            np.ma.masked_invalid(grid), origin="lower", aspect="auto", norm=norm, cmap="viridis"
-        )
-        for (i, j), v in np.ndenumerate(grid):
-            text = "n/a" if np.isnan(v) else "not reached" if np.isinf(v) else f"{v:.3g}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(xs)), [str(v) for v in xs])
-        ax.set_yticks(range(len(ys)), [str(v) for v in ys])
-        ax.set_xlabel(kx)
-        ax.set_ylabel(ky)
-        fig.colorbar(image, ax=ax, label=("median " if _per_init_key(y) else "") + _label(y))
-    return fig
-
-
-def _against_time(study: Study, runs, plt):
-    from .plots import one_hot_fraction
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    for name, run in runs:
-        arrays, config = run.arrays, run.config
-        ts, frac = one_hot_fraction(arrays, config.threshold)
-        ok = arrays["ok"].astype(bool)
-        med = np.median(arrays["series_max_weight"][ok], axis=0) if ok.any() else np.full(ts.shape, np.nan)
-        keep = ts > 0
-        axes[0].plot(ts[keep], med[keep], label=name)
-        axes[1].plot(ts[keep], frac[keep], label=name)
-    unit = "t" if runs[0][1].config.method == "flow" else "t = step x lr"
-    for ax, label in zip(
-        axes, ["median max weight", "one-hot fraction (max weight >= threshold)"], strict=True
-    ):
-        ax.set_xscale("log")
-        ax.set_xlabel(unit)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    return fig

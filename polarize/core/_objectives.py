@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .errors import PolarizeError, check_positive, refuse_if
-from .models import as_key, finite
+from ._errors import PolarizeError, check_positive, refuse_if
+from ._models import as_key, finite
 
 
 class AbstractObjective(eqx.Module):

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from .models import ValueAttention, with_params
+from ._models import ValueAttention, with_params
 
 
 class ValuePath(eqx.Module):

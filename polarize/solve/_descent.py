@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import ensembles, status as codes
-from .ensembles import Precision, ensemble_size, exact_matmuls
-from .errors import PolarizeError, check_positive
-from .fields import Path, prepare
-from .models import AbstractModel
-from .objectives import AbstractObjective
-from .trajectory import Trajectory, all_finite, observe
+from ..core import _batching as ensembles, status as codes
+from ..core._batching import Precision, ensemble_size, exact_matmuls
+from ..core._errors import PolarizeError, check_positive
+from ..core._models import AbstractModel
+from ..core._objectives import AbstractObjective
+from ..core._trajectory import Trajectory, all_finite, observe
+from ..core.fields import Path, prepare
 
 
 def save_steps(steps: int, n_save: int = 64) -> np.ndarray:
@@ -79,9 +79,8 @@ def descend(
         )
     if lr is not None:
         check_positive("lr", lr)
-    model, objective, field, block_size = prepare(
-        model, objective, path=path, precision=precision, block_size=block_size, euclidean=not plain
-    )
+    block_size = ensembles.block_size_or_default(block_size)
+    model, objective, field = prepare(model, objective, path=path, precision=precision, euclidean=not plain)
     if save_at is None:
         marks = save_steps(steps, check_positive("n_save", n_save, integer=True))
     else:

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .errors import PolarizeError, check_positive, refuse_if
-from .normalizations import AbstractNormalization, Softmax, normalization
+from ._errors import PolarizeError, check_positive, refuse_if
+from ._normalizations import AbstractNormalization, Softmax, normalization
 
 
 def finite(name: str, x: Array) -> Array:

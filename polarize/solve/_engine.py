@@ -39,9 +39,10 @@ import jax.flatten_util
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from . import status as codes
-from .ensembles import BLOCK_SIZE, block_map, blockwise
-from .errors import check_choice
+from ..core import status as codes
+from ..core._batching import block_map, blockwise
+from ..core._errors import check_choice
+from ._options import SolveOptions
 
 Method = Literal["batched", "diffeqsolve"]
 METHODS = ("batched", "diffeqsolve")
@@ -102,13 +103,7 @@ def integrate(
     t0: Float[Array, ""],
     t1: Float[Array, ""],
     ts: Float[Array, " times"],
-    ends_only: bool = False,
-    solver: diffrax.AbstractSolver,
-    rtol: float,
-    atol: float,
-    max_steps: int,
-    adjoint: diffrax.AbstractAdjoint | None = None,
-    block_size: int | None = None,
+    options: SolveOptions,
     method: Method = "batched",
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     crossings: Callable | None = None,
@@ -122,10 +117,10 @@ def integrate(
         args: the field's arguments; `args_axes` (a pytree prefix of `args`, 0 or None,
             as `jax.vmap`'s in_axes) marks the leaves batched over inits.
         t0, t1, ts: start, end and save times in solver time, shared by all inits
-            (ts within [t0, t1]; ignored when `ends_only`, which saves t0 and t1).
-        solver, rtol, atol, max_steps, adjoint: as for `diffrax.diffeqsolve` with a
-            PID step-size controller.
-        block_size: initializations per block (part of a result's bit-identity).
+            (ts within [t0, t1]; ignored when `options.ends_only`, which saves t0 and t1).
+        options: resolved `SolveOptions`; the engine reads its `solver`, `rtol`, `atol`,
+            `max_steps` and `adjoint` (as for `diffrax.diffeqsolve` with a PID step-size
+            controller), `block_size` (part of a result's bit-identity) and `ends_only`.
         method: "batched" (default; explicit Runge-Kutta solvers) or "diffeqsolve"
             (reference; used for implicit solvers and the backsolve adjoint anyway).
 
@@ -147,8 +142,9 @@ def integrate(
     state, which stops that initialization at once.
     """
     check_choice("method", method, METHODS)
+    solver, rtol, atol, max_steps = options.solver, options.rtol, options.atol, options.max_steps
+    adjoint, block_size, ends_only = options.adjoint, options.block_size, options.ends_only
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
-    block_size = block_size or BLOCK_SIZE
     # The batched loop drives explicit Runge-Kutta tableaus; implicit solvers (Newton
     # iterations per stage) and the backsolve adjoint (its own adjoint ODE) go through
     # diffeqsolve.

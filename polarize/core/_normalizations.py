@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .errors import PolarizeError, check_choice, refuse_if, shown
+from ._errors import PolarizeError, check_choice, refuse_if, shown
 
 
 class AbstractNormalization(eqx.Module):

@@ -41,9 +41,9 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .fields import AbstractField, Analytic, Autodiff, Span
-from .models import ValueAttention
-from .objectives import CrossEntropy, Square
+from ..core._models import ValueAttention
+from ..core._objectives import CrossEntropy, Square
+from ..core.fields import AbstractField, Analytic, Autodiff, Span
 
 # ROS34PW2 in the form (I - h g J) k_i = h f(t0 + a_i h, y0 + sum_j A_ij k_j)
 #   + h J sum_j G_ij k_j + g_i h^2 df/dt, y1 = y0 + sum_i b_i k_i (Hairer & Wanner IV.7).

@@ -18,7 +18,6 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
-import importlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,16 +27,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import SweepConfig
-from .descent import descend
-from .devices import barrier, my_chunks, over_devices
-from .ensembles import BLOCK_SIZE, cpu_threads
-from .errors import PolarizeError
-from .hitting import descent_hitting_times, flow_and_crossings, logistic_rate, restarted_hitting_times
-from .statistics import distribution, final_of_one, final_statistics, order_flags_apply
-from .storage import read_json, write_json
-from .store import ChunkStore
-from .trajectory import Trajectory
+from ..figures._pyplot import pyplot
+from ._config import SweepConfig
+from ..solve._descent import descend
+from ..solve._devices import barrier, my_chunks, over_devices
+from ..core._batching import BLOCK_SIZE, cpu_threads
+from ..core._errors import PolarizeError
+from ..measure._rates import logistic_rate
+from ._folder import check_same, package_versions, prepare_out, resumed_config, stored_config
+from ._results import Gather, assemble, gathering
+from ..solve._hitting import (
+    descent_hitting_times,
+    flow_and_crossings,
+    restarted_hitting_times,
+)
+from ..core._weights import distribution
+from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
+from ._storage import write_json
+from ._store import ChunkStore
+from ..core._trajectory import Trajectory
 
 #: Initializations solved at once inside a chunk on CPU (a multiple of the block size):
 #: where a sweep stores trajectories (solvers outside the batched loop, descent), they
@@ -57,24 +65,10 @@ def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory,
     """The trajectories and, for a flow in the engine's batched loop, the config's hitting
     times from the same solve (None otherwise: `measure` then restarts on one device)."""
     if config.method == "flow":
-        return flow_and_crossings(model, objective, **_flow_options(config))
+        return flow_and_crossings(model, objective, config.solve_options(), config.time_names())
     block = config.resolved().block_size
     traj = descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save, block_size=block)
     return traj, None
-
-
-def _flow_options(config: SweepConfig) -> dict:
-    return dict(
-        t1=config.t1,
-        levels=config.levels,
-        loss_fraction=config.loss_fraction,
-        n_save=config.n_save,
-        rtol=config.rtol,
-        atol=config.atol,
-        max_steps=config.max_steps,
-        solver=config.build_solver(),
-        block_size=config.resolved().block_size,
-    )
 
 
 #: Settings that only choose the numbers a sweep starts from (its initializations and
@@ -102,9 +96,8 @@ def _solved(config: SweepConfig):
 
     def solved(model, objective):
         if config.method == "flow":
-            result, times = flow_and_crossings(
-                model, objective, reduce=_reducer(config), **_flow_options(config)
-            )
+            options, names = config.solve_options(), config.time_names()
+            result, times = flow_and_crossings(model, objective, options, names, reduce=_reducer(config))
             if times is not None:  # reduced block by block: no trajectory was stored
                 return {"reduced": result, "times": times}
             traj = result
@@ -118,7 +111,7 @@ def _solved(config: SweepConfig):
 
 @functools.lru_cache(maxsize=16)
 def _reducer(config: SweepConfig):
-    """What a flow sweep keeps of ONE initialization's trajectory (`integrate_flow`'s
+    """What a flow sweep keeps of ONE initialization's trajectory (`solve_flow`'s
     `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
     them from stored trajectories. One function object per config (a compiled program's key)."""
     keep = tuple(int(k) for k in config.snapshot_index())
@@ -155,10 +148,8 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
     out = dict(out["stats"])
     if config.method == "flow":
         if times is None:
-            options = _flow_options(config)
-            times = restarted_hitting_times(
-                traj, model, objective, options.pop("levels"), options.pop("loss_fraction"), options
-            )
+            options, names = config.solve_options(), config.time_names()
+            times = restarted_hitting_times(traj, model, objective, options, names)
         out.update(times)
         out["solver_steps"] = traj.steps
     else:
@@ -232,68 +223,6 @@ def chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("polarize", "jax", "jaxlib", "equinox", "diffrax", "optax", "numpy"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def prepare_out(out: Path, overwrite: bool) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise PolarizeError(f"`--out` {out} exists and is not a folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise PolarizeError(
-            f"`--out` {out} is not empty; pass --resume {out} to continue it, "
-            "--overwrite to replace it, or choose another folder"
-        )
-    if out.exists() and overwrite:
-        import shutil
-
-        for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def stored_config(out) -> SweepConfig:
-    """The config a run folder was started with (refuses a folder that is not a sweep)."""
-    path = Path(out) / "config.json"
-    if not path.exists():
-        raise PolarizeError(f"`--resume` {out} has no config.json: not a polarize sweep folder")
-    return SweepConfig.from_dict(read_json(path)["sweep"])
-
-
-#: Settings that `SweepConfig.resolved` sets by backend where they are None.
-SIZED = ("chunk_size", "block_size")
-
-
-def resumed_config(config: SweepConfig, out) -> SweepConfig:
-    """`config` with the sizes it leaves at None (`SIZED`) taken from the run in `out`,
-    the rest resolved: a run resumed on another backend keeps its blocks."""
-    stored = stored_config(out)
-    return dataclasses.replace(
-        config, **{k: getattr(config, k) or getattr(stored, k) for k in SIZED}
-    ).resolved()
-
-
-def check_same(stored: SweepConfig, requested: SweepConfig, out) -> None:
-    """Refuse to resume `out` with a config other than the one it was started with."""
-    a, b = stored.to_dict(), requested.to_dict()
-    diff = [f"{k}={a[k]!r} (requested {b[k]!r})" for k in a if a[k] != b[k]]
-    if diff:
-        raise PolarizeError(
-            f"`--resume` {out} was run with a different config: {', '.join(diff)}; "
-            "resume with the stored settings or start a new --out"
-        )
-
-
 REQUIRED = ("ok", "status", "final_max_weight", "final_entropy", "snap_max_weight", "start", "stop")
 
 
@@ -314,8 +243,6 @@ def run_sweep(
     (`jax.distributed.initialize()` first), each computes its share of chunks and
     process 0 assembles the results (the others return an empty dict).
     """
-    from .results import Gather, assemble, gathering
-
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
     cpu_threads()  # a bad POLARIZE_THREADS is refused before anything is written
@@ -336,7 +263,7 @@ def run_sweep(
     started = time.perf_counter()
     assembler = jax.process_index() == 0
     if assembler:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
-        threading.Thread(target=importlib.import_module, args=(f"{__package__}.plots",)).start()
+        threading.Thread(target=pyplot).start()
     bar = _progress(progress, ranges, todo)
     with contextlib.ExitStack() as stack:
         # process 0 gathers its chunks for the assembly as they are finished
@@ -366,8 +293,32 @@ def run_sweep(
         barrier("polarize-sweep-chunks")
         if not assembler:
             return {}
+        _complete(config, store, gather)
         wall = time.perf_counter() - started
-        return assemble(config, out, store, sample=sample, wall=wall, gather=gather)
+        return assemble(config, out, gather, wall=wall, sample=_sample(config, sample))
+
+
+def _complete(config: SweepConfig, store: ChunkStore, gather: Gather) -> None:
+    """Gather every chunk this process did not compute: read from disk (a resumed run's,
+    other processes'), or computed here where one went missing."""
+    for i, (start, stop) in enumerate(store.ranges):
+        if i in gather.done:
+            continue
+        part = store.read(i)
+        if part is None:
+            part = run_chunk(config, start, stop)
+            store.write(i, part)
+        gather.add(i, start, part)
+        del part
+
+
+def _sample(config: SweepConfig, sample: int) -> dict | None:
+    """Full trajectories of the first `sample` initializations (sample.npz), or None."""
+    if not sample:
+        return None
+    n = min(sample, config.inits)
+    traj = solve(config, config.build_model(0, n), config.build_objective())
+    return {k: getattr(traj, k) for k in ("ts", "V", "a", "weights", "loss", "ok", "status")}
 
 
 def _release_free_memory() -> None:

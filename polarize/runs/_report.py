@@ -2,17 +2,16 @@
 
 from pathlib import Path
 
-from .errors import PolarizeError
-from .plots import sweep_figures
-from .results import load
+from ..core._errors import PolarizeError
+from ..figures._sweep import sweep_figures
+from ._load import load
+from ._study import load_result, plot_study
 
 
 def report(folder) -> list[Path]:
     """Regenerate the figures of a finished sweep or study; returns their paths. Nothing is recomputed."""
     folder = Path(folder)
     if (folder / "study.json").exists():
-        from .study import load_result, plot_study
-
         study = load_result(folder).study
         paths = []
         for name, _ in study.settings():

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .storage import read_json, read_npz, write_json, write_npz
+from ._storage import read_json, read_npz, write_json, write_npz
 
 
 def _sha256(path: Path) -> str:

@@ -14,25 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .ensembles import blockwise, exact_matmuls
-from .objectives import AbstractObjective
-from .trajectory import Trajectory, ValuePath
+from ..core._batching import blockwise, exact_matmuls
+from ..core._objectives import AbstractObjective
+from ..core._trajectory import Trajectory, ValuePath
+from ..core._weights import distribution, entropy
+from ..core.status import counts
 
 #: Per-time series computed for every initialization, shape (*inits, times).
 SERIES = ("max_weight", "entropy", "eff_tokens", "winner", "top_share", "loss")
-
-
-def distribution(weights: Float[Array, "... tokens"]) -> Float[Array, "... tokens"]:
-    """p = |s| / sum |s| along the last axis (uniform where s = 0)."""
-    mass = jnp.abs(weights)
-    total = jnp.sum(mass, axis=-1, keepdims=True)
-    zero = total == 0
-    return jnp.where(zero, 1.0 / weights.shape[-1], mass / jnp.where(zero, 1.0, total))
-
-
-def entropy(p: Float[Array, "... tokens"]) -> Float[Array, "..."]:
-    """H(p) = -sum p log p, with 0 log 0 = 0 (natural log)."""
-    return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
 #: Squarings at most of the normalized Gram matrix in `top_singular_share`: eigenvalues
@@ -283,7 +272,6 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
     rates (`rate_*`) a median and 10/90% quantiles; failures a count per status name
     (`failed_<name>`).
     """
-    from .status import counts
 
     ok = np.asarray(final["ok"], bool)
     n = int(ok.size)

@@ -3,11 +3,10 @@
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from ..core._batching import cpu_threads
+from ._pyplot import pyplot
 
 
 def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
@@ -22,7 +21,6 @@ def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
 def _per_column(fn, n: int) -> list:
     """[fn(0), ..., fn(n - 1)] on the CPU threads (numpy's gathers and partitions let go
     of the GIL: at 1e6 inits the percentiles of a sweep's figures take half the time)."""
-    from .ensembles import cpu_threads
 
     with ThreadPoolExecutor(cpu_threads()) as pool:
         return list(pool.map(fn, range(n)))
@@ -30,6 +28,7 @@ def _per_column(fn, n: int) -> list:
 
 def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) -> Path:
     """Median and 10-90% band of max weight and entropy against time (log axis)."""
+    plt = pyplot()
     ts = np.asarray(arrays["snap_ts"])
     keep = ts > 0  # a log axis cannot show t = 0
     ok = arrays["ok"]
@@ -68,6 +67,7 @@ def _time_label(config) -> str:
 
 def plot_entropy_histogram(arrays: dict, config, path: Path) -> Path:
     """Histogram of the final entropy over the non-failed initializations."""
+    plt = pyplot()
     ok = np.asarray(arrays["ok"], bool)
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     ax.hist(arrays["final_entropy"][ok], bins=50, range=(0, np.log(config.tokens)), color="C0")
@@ -83,6 +83,7 @@ def plot_entropy_histogram(arrays: dict, config, path: Path) -> Path:
 
 def plot_winner_histogram(arrays: dict, config, path: Path) -> Path:
     """How often each token ends with the largest weight."""
+    plt = pyplot()
     ok = np.asarray(arrays["ok"], bool)
     counts = np.bincount(arrays["final_winner"][ok].astype(int), minlength=config.tokens)
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
@@ -109,6 +110,7 @@ def one_hot_fraction(arrays: dict, threshold: float) -> tuple[np.ndarray, np.nda
 
 def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
     """Fraction of initializations whose max weight is above the threshold, against time."""
+    plt = pyplot()
     ts, frac = one_hot_fraction(arrays, config.threshold)
     keep = ts > 0
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
@@ -144,6 +146,7 @@ def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
 
 def empty_figure(path: Path, note: str) -> Path:
     """A figure holding only `note` (where there is no data to draw)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
     ax.set_axis_off()

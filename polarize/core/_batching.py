@@ -26,12 +26,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import PolarizeError, check_choice
+from ._errors import PolarizeError, check_choice, check_positive
 
 Precision = Literal["float32", "float64"]
 
 #: Initializations per vmapped block (part of a result's identity: keep it fixed).
 BLOCK_SIZE = 128
+
+
+def block_size_or_default(block_size: int | None) -> int:
+    """`block_size`, checked, or `BLOCK_SIZE` where it is None: the one place the default is decided."""
+    return check_positive("block_size", BLOCK_SIZE if block_size is None else block_size, integer=True)
 
 
 def exact_matmuls(fn):
@@ -129,7 +134,7 @@ def block_map(fn, tree, *, block_size: int | None = None):
     are most of the memory a solve touches.
     """
     n = jax.tree.leaves(tree)[0].shape[0]
-    size = block_size or BLOCK_SIZE
+    size = block_size_or_default(block_size)
     n_blocks = -(-n // size)
     if n < size:  # one padded block
 

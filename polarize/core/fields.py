@@ -31,12 +31,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
-from . import ensembles
-from .ensembles import Precision, at_precision, ensemble_size, float_dtype
-from .errors import PolarizeError, check_choice, check_positive
-from .models import AbstractModel, ValueAttention, params, with_params
-from .objectives import AbstractDataObjective, AbstractObjective
-from .trajectory import ValuePath, observe
+from ._batching import Precision, at_precision, ensemble_size, float_dtype
+from ._errors import PolarizeError, check_choice
+from ._models import AbstractModel, ValueAttention, params, with_params
+from ._objectives import AbstractDataObjective, AbstractObjective
+from ._trajectory import ValuePath, observe
 
 Path = Literal["auto", "autodiff", "analytic", "reduced", "span"]
 
@@ -266,17 +265,15 @@ def prepare(
     *,
     path: Path = "auto",
     precision: Precision | None = None,
-    block_size: int | None = None,
     euclidean: bool = False,
-) -> tuple[AbstractModel, AbstractObjective, AbstractField, int]:
+) -> tuple[AbstractModel, AbstractObjective, AbstractField]:
     """The common preamble of `flow`, `modified_flow` and `descend`, with its checks.
 
     Casts model and objective to `precision` (default: the model's dtype, which the
     objective follows), checks that they hold the same number of initializations and
-    the block size, and chooses the field. Returns (model, objective, field, block_size).
+    and chooses the field. Returns (model, objective, field).
     """
     precision = precision or jnp.dtype(float_dtype(model)).name
     model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)
-    block_size = check_positive("block_size", block_size or ensembles.BLOCK_SIZE, integer=True)
-    return model, objective, choose_field(model, objective, path, euclidean=euclidean), block_size
+    return model, objective, choose_field(model, objective, path, euclidean=euclidean)

@@ -25,9 +25,9 @@ import diffrax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .errors import check_choice
-from .statistics import distribution, entropy
-from .trajectory import Trajectory
+from ..core._errors import check_choice
+from ..core._trajectory import Trajectory
+from ._statistics import distribution, entropy
 
 ADJOINTS: dict[str, type[diffrax.AbstractAdjoint]] = {
     "checkpoint": diffrax.RecursiveCheckpointAdjoint,

@@ -24,88 +24,30 @@ For gradient descent (`descent_hitting_times`) the time of a level is the first
 step index k whose iterate reached it, times lr.
 """
 
-import inspect
-
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import optimistix as optx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-from .ensembles import batch_axes, blockwise, exact_matmuls, over_inits
-from .errors import PolarizeError
-from .fields import choose_field
-from .flow import flow, integrate_flow
-from .models import AbstractModel, with_params
-from .objectives import AbstractObjective
-from .statistics import distribution
-from .trajectory import Trajectory, observe
-
-#: Default max-weight levels.
-LEVELS = (0.5, 0.9, 0.99)
-#: Default loss level, as a fraction of the loss at the start.
-LOSS_FRACTION = 1e-3
-
-
-def check_levels(levels) -> tuple[float, ...]:
-    """`levels` as a sorted tuple of distinct floats in (0, 1], or a `PolarizeError`."""
-    try:
-        values = tuple(float(x) for x in np.atleast_1d(np.asarray(levels, dtype=float)))
-    except (TypeError, ValueError):
-        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {levels!r}") from None
-    bad = [x for x in values if not 0 < x <= 1]
-    if not values or bad:
-        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {list(values)!r}")
-    return tuple(sorted(set(values)))
-
-
-def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> list[str]:
-    """Names of the hitting times: `time_to_<level>` and `time_to_loss_<fraction>`."""
-    names = [f"time_to_{level:g}" for level in levels]
-    if loss_fraction is not None:
-        names.append(f"time_to_loss_{loss_fraction:g}")
-    return names
-
-
-class Targets(eqx.Module):
-    """What the hitting times measure: kind 0 is a max-weight level, kind 1 a loss fraction.
-
-    Arrays, not static settings, so new levels reuse the compiled program.
-    """
-
-    kinds: Int[Array, " targets"]
-    values: Float[Array, " targets"]
-
-    def levels(self, model: AbstractModel, objective: AbstractObjective) -> Float[Array, " targets"]:
-        """The levels of one initialization: loss fractions become losses (of L at the start)."""
-        return self.per_init(objective(model()))
-
-    def per_init(self, loss0) -> Float[Array, " targets"]:
-        return jnp.where(self.kinds == 0, self.values, self.values * loss0).astype(loss0.dtype)
-
-    def from_observed(self, weights, loss, levels):
-        """g_j >= 0 exactly when target j is reached (max weight - level, or level - loss),
-        from weights (..., tokens) and loss (...): (targets, ...)."""
-        max_weight = jnp.max(distribution(weights), axis=-1)
-        pad = lambda x: x.reshape(x.shape + (1,) * max_weight.ndim)  # targets in front
-        grow = lambda x: x.reshape((1,) * self.kinds.ndim + x.shape)
-        return jnp.where(pad(self.kinds) == 0, grow(max_weight) - pad(levels), pad(levels) - grow(loss))
-
-
-def _targets(levels, loss_fraction) -> Targets:
-    kinds = [0] * len(levels) + ([1] if loss_fraction is not None else [])
-    values = list(levels) + ([loss_fraction] if loss_fraction is not None else [])
-    return Targets(jnp.asarray(kinds), jnp.asarray(values, dtype=float))
-
-
-def _check(levels, loss_fraction) -> tuple[float, ...]:
-    levels = check_levels(levels)
-    if loss_fraction is not None and not 0 < loss_fraction < 1:
-        raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
-    return levels
+from ..core._batching import batch_axes, blockwise, exact_matmuls, over_inits
+from ..core._errors import PolarizeError
+from ..core._models import AbstractModel, with_params
+from ..core._objectives import AbstractObjective
+from ..core._trajectory import Trajectory, observe
+from ..core.fields import choose_field
+from ._flow import solve_flow
+from ._options import (
+    LEVELS,
+    LOSS_FRACTION,
+    USER_SETTINGS,
+    SolveOptions,
+    Targets,
+    check_levels,
+    time_names,
+)
 
 
 def flow_with_hitting_times(
@@ -131,63 +73,42 @@ def flow_with_hitting_times(
         (trajectory, {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}), times as
         for `hitting_times`, except that inf means never reached by t1.
     """
-    traj, times = flow_and_crossings(
-        model, objective, t1=t1, levels=levels, loss_fraction=loss_fraction, **options
-    )
+    unknown = sorted(set(options) - set(USER_SETTINGS))
+    if unknown:
+        raise PolarizeError(f"unknown option(s) {unknown} for `flow`; valid: {sorted(USER_SETTINGS)}")
+    options = SolveOptions(t1=t1, targets=Targets.of(levels, loss_fraction), **options)
+    names = time_names(check_levels(levels), loss_fraction)
+    traj, times = flow_and_crossings(model, objective, options, names)
     if times is None:  # not the batched loop: restart over the saved intervals
-        times = restarted_hitting_times(traj, model, objective, levels, loss_fraction, options)
+        times = restarted_hitting_times(traj, model, objective, options, names)
     return traj, times
 
 
-def flow_and_crossings(
-    model, objective, *, t1, levels=LEVELS, loss_fraction=LOSS_FRACTION, reduce=None, **options
-):
-    """(trajectory, hitting times) where the batched loop located them, else (trajectory, None).
+def flow_and_crossings(model, objective, options: SolveOptions, names, *, reduce=None):
+    """(trajectory, {name: hitting times}) where the batched loop located the crossings of
+    `options.targets` (named `names`), else (trajectory, None).
 
-    `options` are `flow`'s keyword arguments (its own defaults apply). With `reduce`
-    (see `flow.integrate_flow`) and hitting times, the dict of its outputs (with `ok`,
-    `status` and `steps`) comes in place of the trajectory.
+    With `reduce` (see `solve_flow`) and crossings from the loop, the dict of its
+    outputs (with `ok`, `status` and `steps`) comes in place of the trajectory.
     """
-    levels = _check(levels, loss_fraction)
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(flow).parameters.items()
-        if p.kind is p.KEYWORD_ONLY and name != "t1"
-    }
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise PolarizeError(f"unknown option(s) {unknown} for `flow`; valid: {sorted(defaults)}")
-    o = {**defaults, **options}
-    positional = [o.pop(k) for k in ("t0", "n_save", "ts", "path", "precision", "block_size")]
-    traj, crossed = integrate_flow(
-        model, objective, t1, *positional, targets=_targets(levels, loss_fraction), reduce=reduce, **o
-    )
+    traj, crossed = solve_flow(model, objective, options, reduce=reduce)
     if crossed is None:
         return traj, None
-    names = time_names(levels, loss_fraction)
     return traj, {name: crossed[..., j] for j, name in enumerate(names)}
 
 
-def restarted_hitting_times(traj, model, objective, levels, loss_fraction, options: dict) -> dict:
-    """`hitting_times` of a flow trajectory with the solver and tolerances of `options`
-    (`flow`'s keyword arguments; the flow's defaults where absent)."""
-    import inspect
-
-    from .flow import flow
-
-    defaults = inspect.signature(flow).parameters
-    pick = lambda k: options.get(k, defaults[k].default)
-    return hitting_times(
-        traj,
-        model,
-        objective,
-        levels=levels,
-        loss_fraction=loss_fraction,
-        solver=pick("solver"),
-        rtol=pick("rtol"),
-        atol=pick("atol"),
-        max_steps=pick("max_steps"),
-    )
+def restarted_hitting_times(traj, model, objective, options: SolveOptions, names) -> dict:
+    """The hitting times of `options.targets` (named `names`) on a flow trajectory of
+    `model`, each restarted from the saved state before its first saved crossing with
+    `options.restart_solver()` and the options' tolerances."""
+    per_init = (traj.value_path, traj.a, traj.weights, traj.loss, traj.ok)
+    if not traj.batched:
+        per_init = jax.tree.map(lambda x: x[None], per_init)
+    solver = options.restart_solver()
+    args = (options.targets, solver, options.rtol, options.atol, options.max_steps)
+    out = _hitting(model, objective, traj.ts, per_init, *args)
+    out = out if traj.batched else out[0]
+    return {name: out[..., j] for j, name in enumerate(names)}
 
 
 def hitting_times(
@@ -219,16 +140,16 @@ def hitting_times(
         scalar: the flow time of the first crossing (t0 when reached at the start), inf
         where never reached by the last saved time, NaN where the run failed (`ok` False).
     """
-    levels = _check(levels, loss_fraction)
-    solver = diffrax.Tsit5() if solver is None else solver
-    names = time_names(levels, loss_fraction)
-    per_init = (traj.value_path, traj.a, traj.weights, traj.loss, traj.ok)
-    if not traj.batched:
-        per_init = jax.tree.map(lambda x: x[None], per_init)
-    targets = _targets(levels, loss_fraction)
-    out = _hitting(model, objective, traj.ts, per_init, targets, solver, rtol, atol, max_steps)
-    out = out if traj.batched else out[0]
-    return {name: out[..., j] for j, name in enumerate(names)}
+    options = SolveOptions(
+        t1=traj.ts[-1],
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        targets=Targets.of(levels, loss_fraction),
+    )
+    names = time_names(check_levels(levels), loss_fraction)
+    return restarted_hitting_times(traj, model, objective, options, names)
 
 
 def _split(module):
@@ -346,12 +267,13 @@ def descent_hitting_times(
     (descend may step in reduced coordinates), so an index can differ only where an
     iterate lies within rounding of a level. NaN where an iterate went non-finite.
     """
-    levels = _check(levels, loss_fraction)
+    targets = Targets.of(levels, loss_fraction)
+    levels = check_levels(levels)
     if not lr > 0:
         raise PolarizeError(f"`lr` must be a positive finite number; got {lr!r}")
     steps = int(steps)
     names = time_names(levels, loss_fraction)
-    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, _targets(levels, loss_fraction))
+    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, targets)
     times = jnp.where(first >= 0, first * lr, jnp.inf)
     times = jnp.where(ok[..., None], times, jnp.nan)
     return {name: times[..., j] for j, name in enumerate(names)}
@@ -384,39 +306,3 @@ def _descent_first(model, objective, optimizer, steps, targets):
         return first, ok
 
     return over_inits(run_one, model, objective)
-
-
-def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array]:
-    """C fitted from 1 - max s = C / (log t)^2 over the last decade [t1 / 10, t1] of the horizon.
-
-    Per initialization, C is the geometric mean of (1 - max s(t)) (log t)^2 over the
-    saved times in that decade; `rate_drift` is the relative change of that product
-    from the decade's first to its last saved time.
-
-    When the fit is meaningful: under a logistic loss, once the run has polarized
-    (max weight near 1, one token winning), where 1 - max s ~ C / (log t)^2 holds up
-    to O(log log t / log t) corrections; a `rate_drift` of a few percent says the
-    horizon is in that regime, a large one that it is not (raise t1). It needs
-    t1 >= 100 and at least two saved times in the decade, else NaN, as where
-    max s = 1 in floating point or the run failed.
-
-    Args:
-        ts: saved times (times,). max_weight: (inits, times) or (times,).
-        t1: the horizon (default: the last saved time).
-    Returns:
-        {"rate_C": (inits,), "rate_drift": (inits,)}.
-    """
-    ts = np.asarray(ts, dtype=float)  # concrete: the window is chosen here
-    t1 = float(ts[-1] if t1 is None else t1)
-    window = (ts >= t1 / 10) & (ts <= t1) & (ts > 1)
-    mw = jnp.asarray(max_weight)
-    if t1 < 100 or window.sum() < 2:
-        nan = jnp.full(mw.shape[:-1], jnp.nan, dtype=mw.dtype)
-        return {"rate_C": nan, "rate_drift": nan}
-    gap = 1.0 - mw[..., np.flatnonzero(window)]
-    product = gap * jnp.broadcast_to(np.log(ts[window]) ** 2, gap.shape)
-    valid = jnp.all(jnp.isfinite(product) & (product > 0), axis=-1)
-    safe = jnp.where(valid[..., None], product, 1.0)
-    C = jnp.exp(jnp.mean(jnp.log(safe), axis=-1))
-    drift = safe[..., -1] / safe[..., 0] - 1
-    return {"rate_C": jnp.where(valid, C, jnp.nan), "rate_drift": jnp.where(valid, drift, jnp.nan)}

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from .ensembles import batch_axes
+from ..core._batching import batch_axes
+from ..core._errors import PolarizeError
 
 AXIS = "inits"
 
@@ -93,7 +94,6 @@ def start_distributed() -> None:
     (host:port of process 0), `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` name the
     processes (JAX reads only the first; the other two are passed on here).
     """
-    from .errors import PolarizeError
 
     if not any(os.environ.get(k) for k in COORDINATOR_ENV):
         raise PolarizeError(

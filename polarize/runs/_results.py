@@ -2,30 +2,32 @@
 
 Files of a finished run folder (besides config.json and chunks/):
 
-    summary.json   ensemble numbers (`polarize.statistics.aggregate`); null = undefined
+    summary.json   ensemble numbers (`polarize.measure.aggregate`); null = undefined
                    or never reached (see the `fraction_reached_*` next to it)
     per_init.npz   one value per initialization: final_*, time_to_*, rate_*, ok, status
     series.npz     max weight and entropy at the snapshot times (float32), with `ts`
     sample.npz     full trajectories of the first `--sample` initializations
-    *.png          figures (`polarize.plots`)
+    *.png          figures (`polarize.figures`)
 
-`load(DIR)` returns a `Run` (or a `polarize.study.StudyResult` for a study folder);
+`polarize.load(DIR)` returns a `Run` (or a `StudyResult` for a study folder);
 `Run.frame()` is the pandas table with one row per initialization.
 """
 
-import contextlib
 import dataclasses
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from . import status
-from .config import SweepConfig
-from .errors import PolarizeError
-from .statistics import aggregate
-from .storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
-from .store import ChunkStore
+from ..core import status
+from ._config import SweepConfig
+from ..core._errors import PolarizeError
+from ..measure._statistics import aggregate
+from ._storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
+from ..figures._sweep import sweep_figures
+from ._folder import stored_config
 
 
 def summary_of(config: SweepConfig, arrays: dict) -> dict:
@@ -77,59 +79,33 @@ class Gather:
 def gathering(out: Path):
     """A temporary folder for a `Gather` inside `out` (removed on exit), after removing
     any left there by a run that was killed."""
-    import shutil
-    import tempfile
-
     for stale in Path(out).glob(".assemble-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return tempfile.TemporaryDirectory(dir=out, prefix=".assemble-")
 
 
-def assemble(
-    config: SweepConfig,
-    out: Path,
-    store: ChunkStore,
-    *,
-    sample: int,
-    wall: float,
-    gather: Gather | None = None,
-) -> dict:
-    """Gather the chunks into per_init.npz/series.npz, write summary.json and draw the figures.
+def assemble(config: SweepConfig, out: Path, gather: Gather, *, wall: float, sample: dict | None) -> dict:
+    """per_init.npz, series.npz, sample.npz and summary.json from a complete `gather`, then the figures.
 
-    `gather` holds the chunks this process gathered while it computed them (see
-    `Gather`); the others are read from disk here (a resumed run's, other processes'),
-    and a chunk gone missing is computed. The snapshot series (most of the bytes) are
-    streamed from their raw files into series.npz, so they are never whole in memory;
-    the figures then read one series at a time. Figures that cannot be drawn (no
-    finished initialization) are drawn empty with a note, never a crash.
+    Nothing is computed here: `gather` holds every chunk of the sweep (the runner has
+    read or computed those it did not gather itself), and `sample` the trajectories of
+    sample.npz (None: none kept). The snapshot series (most of the bytes) are streamed
+    from their raw files into series.npz, so they are never whole in memory; the figures
+    then read one series at a time. Figures that cannot be drawn (no finished
+    initialization) are drawn empty with a note, never a crash.
     """
-    from .plots import sweep_figures
-    from .sweep import run_chunk, solve
-
-    with contextlib.ExitStack() as stack:
-        if gather is None:
-            gather = Gather(config.inits, stack.enter_context(gathering(out)))
-        for i, (start, stop) in enumerate(store.ranges):
-            if i in gather.done:
-                continue
-            part = store.read(i)
-            if part is None:  # another process's chunk went missing: compute it here
-                part = run_chunk(config, start, stop)
-                store.write(i, part)
-            gather.add(i, start, part)
-            del part
-        arrays = {k: gather.array(k) for k in gather.layout if not k.startswith("snap_")}
-        summary = summary_of(config, arrays)
-        summary["wall_seconds"] = round(wall, 3)
-        write_npz(out / "per_init.npz", arrays)
-        ts = config.times()[config.snapshot_index()]
-        raw = {k: gather.raw(k) for k in gather.layout if k.startswith("snap_")}
-        write_npz_streamed(out / "series.npz", {"ts": ts, "ok": arrays["ok"]}, raw)
-    if sample:
-        n = min(sample, config.inits)
-        traj = solve(config, config.build_model(0, n), config.build_objective())
-        fields = ("ts", "V", "a", "weights", "loss", "ok", "status")
-        write_npz(out / "sample.npz", {k: getattr(traj, k) for k in fields})
+    n_chunks = -(-config.inits // config.chunk_size)
+    if len(gather.done) != n_chunks:
+        raise PolarizeError(f"cannot assemble {out}: {len(gather.done)} of {n_chunks} chunks were gathered")
+    arrays = {k: gather.array(k) for k in gather.layout if not k.startswith("snap_")}
+    summary = summary_of(config, arrays)
+    summary["wall_seconds"] = round(wall, 3)
+    write_npz(out / "per_init.npz", arrays)
+    ts = config.times()[config.snapshot_index()]
+    raw = {k: gather.raw(k) for k in gather.layout if k.startswith("snap_")}
+    write_npz_streamed(out / "series.npz", {"ts": ts, "ok": arrays["ok"]}, raw)
+    if sample is not None:
+        write_npz(out / "sample.npz", sample)
     del arrays
     write_json(out / "summary.json", summary)
     sweep_figures(_FigureArrays(out), config, out)
@@ -218,13 +194,9 @@ class Run:
         )
 
 
-def load(out):
-    """A finished sweep folder as a `Run`, or a study folder as a `StudyResult`."""
+def load_run(out) -> "Run":
+    """A finished sweep folder as a `Run`, read without recomputing anything."""
     out = Path(out)
-    if (out / "study.json").exists():
-        from .study import load_result
-
-        return load_result(out)
     if not (out / "config.json").exists():
         raise PolarizeError(
             f"`dir` {out} is not a polarize run: it holds neither config.json (a sweep) "
@@ -232,8 +204,6 @@ def load(out):
         )
     if not (out / "summary.json").exists():
         raise PolarizeError(f"`dir` {out} holds an unfinished sweep (no summary.json); resume it first")
-    from .sweep import stored_config
-
     sample = read_npz(out / "sample.npz") if (out / "sample.npz").exists() else None
     return Run(out, stored_config(out), read_json(out / "summary.json"), load_arrays(out), sample)
 
