@@ -60,6 +60,7 @@ from .runs import (
     run_sweep as run_sweep,
 )
 from .solve import (
+    SolveOptions as SolveOptions,
     descend as descend,
     descent_hitting_times as descent_hitting_times,
     flow as flow,

@@ -100,6 +100,20 @@ def batch_axes(module: eqx.Module):
     return spec
 
 
+def partition_inits(tree, axes=None) -> tuple:
+    """(batched, shared) parts of `tree`: the leaves with the inits axis, and the rest (for `eqx.combine`).
+
+    `axes` is a `jax.vmap` in_axes prefix of `tree` (0 where a subtree is batched);
+    default: `batch_axes` of each model or objective in `tree`.
+    """
+    is_module = lambda x: isinstance(x, eqx.Module)
+    if axes is None:
+        axes = jax.tree.map(lambda m: batch_axes(m) if is_module(m) else None, tree, is_leaf=is_module)
+    is_none = lambda x: x is None
+    mask = jax.tree.map(lambda ax, sub: jax.tree.map(lambda _: ax == 0, sub), axes, tree, is_leaf=is_none)
+    return eqx.partition(tree, mask)
+
+
 def ensemble_size(model, objective) -> int | None:
     """The common batch size of model and objective (None if neither is batched)."""
     sizes = {s for s in (model.batch_size, objective.batch_size) if s is not None}
@@ -165,9 +179,7 @@ def over_inits(fn, model, objective, *args, per_init=None, block_size: int | Non
     """
     if ensemble_size(model, objective) is None:
         return fn(model, objective, *args) if per_init is None else fn(model, objective, per_init, *args)
-    is_none = lambda x: x is None
-    batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
-    dynamic, static = eqx.partition((model, objective), batched)
+    dynamic, static = partition_inits((model, objective))
 
     def one(x):
         dyn, extra = x

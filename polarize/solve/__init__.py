@@ -12,3 +12,4 @@ from ._hitting import (
     flow_with_hitting_times as flow_with_hitting_times,
     hitting_times as hitting_times,
 )
+from ._options import SolveOptions as SolveOptions

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from ..core._batching import batch_axes
+from ..core._batching import partition_inits
 from ..core._errors import PolarizeError
 
 AXIS = "inits"
@@ -45,11 +45,9 @@ def over_devices(fn, model, objective, devices=None):
         return fn(model, objective)
     k = len(devices)
     per = -(-n // k)
-    is_none = lambda x: x is None
-    batched = jax.tree.map(lambda ax: ax == 0, (batch_axes(model), batch_axes(objective)), is_leaf=is_none)
     # arrays travel as inputs (batched ones split, the rest replicated); what is left is
     # static and keys the compiled program
-    split, rest = eqx.partition((model, objective), batched)
+    split, rest = partition_inits((model, objective))
     shared, static = eqx.partition(rest, eqx.is_array)
 
     def pad(x):  # pad with copies of initialization 0: valid numbers, sliced off below

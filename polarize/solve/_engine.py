@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..core import status as codes
-from ..core._batching import block_map, blockwise
+from ..core._batching import block_map, blockwise, partition_inits
 from ..core._errors import check_choice
 from ._options import SolveOptions
 
@@ -164,25 +164,21 @@ def integrate(
                 t0=t0,
                 t1=t1,
                 ts=ts,
-                ends_only=ends_only,
-                solver=solver,
-                rtol=rtol,
-                atol=atol,
-                max_steps=max_steps,
+                options=options,
                 kind=kind,
                 state_size=sum(x[0].size for x in jax.tree.leaves(y0)),
                 crossings=crossings,
                 unflat=unflat,
                 finish=finish,
             ),
-            (y0, _split(args, args_axes)[0]),
+            (y0, partition_inits(args, args_axes)[0]),
             block_size=block_size,
         )
         return Solution(ys=ys, status=status, steps=steps, crossed=crossed)
     if crossings is not None:
         raise ValueError("`crossings` needs the batched method (see `engine.batches`)")
     saveat = diffrax.SaveAt(t0=True, t1=True) if ends_only else diffrax.SaveAt(ts=ts)
-    batched, shared = _split(args, args_axes)
+    batched, shared = partition_inits(args, args_axes)
 
     def solve_one(y0, batched_args):
         sol = diffrax.diffeqsolve(
@@ -237,16 +233,7 @@ def _flattened(y0, field, crossings=None):
     return (jax.vmap(ravel)(y0), flat_field, flat_crossings), unflat
 
 
-def _split(args, args_axes):
-    """(batched, shared) parts of `args` by its in_axes prefix `args_axes`."""
-    is_none = lambda x: x is None
-    mask = jax.tree.map(
-        lambda ax, sub: jax.tree.map(lambda _: ax == 0, sub), args_axes, args, is_leaf=is_none
-    )
-    return eqx.partition(args, mask)
-
-
-#: Saved times interpolated and written at once per accepted step (see `_batched_solver`).
+#: Saved times interpolated and written at once per accepted step (see `_SaveTimes`).
 SAVE_SLOTS = 4
 
 
@@ -301,11 +288,7 @@ def _batched_solver(
     t0,
     t1,
     ts,
-    ends_only,
-    solver,
-    rtol,
-    atol,
-    max_steps,
+    options: SolveOptions,
     kind,
     state_size,
     crossings=None,
@@ -320,40 +303,104 @@ def _batched_solver(
     the inits axis last (struct of arrays), so reductions over tokens and dims become
     elementwise operations across inits. An initialization that has finished is
     frozen; the loop stops when every one has. Saved times are interpolated inside the
-    loop, SAVE_SLOTS at a time (see `write`). With `crossings`, each
-    accepted state's gaps are checked, and the step where a gap first reached 0 is kept
-    for `_locate` after the loop.
+    loop, SAVE_SLOTS at a time (`_SaveTimes`), or only the ends kept (`_SaveEnds`). With
+    `crossings`, each accepted state's gaps are checked, and the step where a gap first
+    reached 0 is kept for locating the crossing after the loop (`_Crossings`).
+
+    Returns solve_block((y0, batched args)) -> (saved or finished, status, accepted
+    steps, crossed or None) for one block, its leaves with the inits axis first.
     """
-    _, shared = _split(args, args_axes)
+    _, shared = partition_inits(args, args_axes)
+    solver = options.solver
     terms = diffrax.ODETerm(field)
-    controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    controller = diffrax.PIDController(rtol=options.rtol, atol=options.atol)
     error_order = solver.error_order(terms)
     # within 100 ulps of t1 a step is rounded to end there, as diffrax does (its 100
     # `prevbefore` calls, in a loop: unrolled they were ~1,700 instructions of the program)
     t1_floor = jax.lax.fori_loop(0, 100, lambda _, t: eqxi.prevbefore(t), jnp.asarray(t1))
-    n_save = 2 if ends_only else ts.shape[0]
+    problem = _Problem(
+        field=field,
+        shared=shared,
+        terms=terms,
+        solver=solver,
+        controller=controller,
+        t0=t0,
+        t1=t1,
+        t1_floor=t1_floor,
+        error_order=error_order,
+        max_steps=options.max_steps,
+        kind=kind,
+        axis=-1 if state_size <= SOA_MAX_STATE else 0,
+    )
+    saves = _SaveEnds(problem) if options.ends_only else _SaveTimes(problem, ts)
+    hits = None if crossings is None else _Crossings(problem, crossings)
 
-    def start(y0, batched):
-        args = eqx.combine(batched, shared)
+    def solve_block(block):
+        return _solve_block(problem, saves, hits, finish, unflat, block)
+
+    return solve_block
+
+
+class _Problem(eqx.Module):
+    """What every part of a block's stepping loop reads: dy/ds = field(s, y, args) on
+    [t0, t1], the explicit Runge-Kutta solver and its PID controller, and the layout.
+
+    `start`, `step` and `interpolate` are of ONE initialization (the loop vmaps them).
+    """
+
+    field: Callable
+    shared: PyTree  # the part of the field's args shared by every init
+    terms: diffrax.ODETerm
+    solver: diffrax.AbstractSolver
+    controller: diffrax.PIDController
+    t0: Float[Array, ""]
+    t1: Float[Array, ""]
+    t1_floor: Float[Array, ""]  # a step ending past it ends at t1 instead
+    error_order: int = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    kind: str = eqx.field(static=True)  # of `eqxi.while_loop`: "checkpointed" or "lax"
+    axis: int = eqx.field(static=True)  # the inits axis of a block's leaves: -1 or 0
+
+    def args(self, batched):
+        """The field's args of one init, from its batched part."""
+        return eqx.combine(batched, self.shared)
+
+    def active(self, s: _State):
+        """Per init (of the block): not yet at t1, not failed, with steps left."""
+        return (s.tprev < self.t1) & (s.status == codes.OK) & (s.steps < self.max_steps)
+
+    def start(self, y0, batched):
+        """(end of the first step, controller state, f(t0, y0)) of one init."""
+        args = self.args(batched)
         # diffeqsolve(dt0=None) hands the controller a wrapped term, for which the PID
         # initial-step rule returns 0.01: start there too, so both methods step alike.
-        dt0 = jnp.asarray(0.01, jnp.result_type(t0, t1))
-        tnext, controller_state = controller.init(terms, t0, t1, y0, dt0, args, solver.func, error_order)
-        tnext = jnp.minimum(tnext, t1)
+        dt0 = jnp.asarray(0.01, jnp.result_type(self.t0, self.t1))
+        tnext, controller_state = self.controller.init(
+            self.terms, self.t0, self.t1, y0, dt0, args, self.solver.func, self.error_order
+        )
+        tnext = jnp.minimum(tnext, self.t1)
         # The solver state is f(tprev, y): the tableau's first stage is the last one's.
-        return tnext, jax.tree.map(jnp.asarray, controller_state), field(t0, y0, args)
+        return tnext, jax.tree.map(jnp.asarray, controller_state), self.field(self.t0, y0, args)
 
-    def step(tprev, tnext, y, batched, solver_state, controller_state):
-        args = eqx.combine(batched, shared)
+    def step(self, tprev, tnext, y, batched, solver_state, controller_state):
+        """One init's Runge-Kutta step over [tprev, tnext], accepted or rejected by the PID rule.
+
+        The controller accepts where the error estimate's scaled RMS norm is <= 1 and
+        proposes the next interval from it. Returns (keep, next tprev, next tnext, y and
+        f(t, y) after the step (unchanged where rejected), controller state, the step's
+        dense information, whether the controller failed).
+        """
+        args = self.args(batched)
         y1, y_error, dense, solver_state1 = _rk_step(
-            solver.tableau, field, tprev, tnext, y, args, solver_state
+            self.solver.tableau, self.field, tprev, tnext, y, args, solver_state
         )
         y_error = jax.tree.map(lambda x: jnp.where(jnp.isnan(x), jnp.inf, x), y_error)
-        keep, tprev1, tnext1, _, controller_state1, controller_result = controller.adapt_step_size(
-            tprev, tnext, y, y1, args, y_error, error_order, controller_state
+        keep, tprev1, tnext1, _, controller_state1, controller_result = self.controller.adapt_step_size(
+            tprev, tnext, y, y1, args, y_error, self.error_order, controller_state
         )
+        t1 = self.t1
         tprev1 = jnp.minimum(tprev1, t1)
-        clip = tnext1 > t1_floor
+        clip = tnext1 > self.t1_floor
         tnext1 = jnp.where(clip, jnp.where(keep, t1, tprev1 + 0.5 * (t1 - tprev1)), tnext1)
         failed = controller_result != diffrax.RESULTS.successful
         y1 = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -361,7 +408,11 @@ def _batched_solver(
         controller_state1 = jax.tree.map(jnp.asarray, controller_state1)
         return keep, tprev1, tnext1, y1, solver_state1, controller_state1, dense, failed
 
-    def interpolate(tprev, tnext, dense, t):
+    def interpolate(self, tprev, tnext, dense, t):
+        """One init's y(t) on the step [tprev, tnext], by the solver's dense output.
+
+        y(t) = w0 y0 + w1 y1 + sum_j w_j k_j, weights from the solver's interpolation.
+        """
         # diffrax's dense output is linear in the step's dense information (y0, y1 and
         # the stage increments k), the same polynomial weights for every component of
         # the state: take the weights from the solver's own interpolation on a state of
@@ -370,7 +421,7 @@ def _batched_solver(
         y0, y1, ks = dense["y0"], dense["y1"], dense["k"]
         zero = jnp.zeros((), tprev.dtype)
         unit = dict(y0=zero, y1=zero, k=jnp.zeros(len(ks), tprev.dtype))
-        at = lambda d: solver.interpolation_cls(t0=tprev, t1=tnext, **d).evaluate(t)
+        at = lambda d: self.solver.interpolation_cls(t0=tprev, t1=tnext, **d).evaluate(t)
         w = jax.grad(at)(unit)
 
         def leaf(y0, y1, *k):
@@ -381,186 +432,271 @@ def _batched_solver(
 
         return jax.tree.map(leaf, y0, y1, *ks)
 
-    def gaps(t, y, batched):
-        return crossings(t, y, eqx.combine(batched, shared))
 
-    def locate(lo_t, hi_t, lo_y, lo_f, batched, j):
-        args = eqx.combine(batched, shared)
-        _, _, dense, _ = _rk_step(solver.tableau, field, lo_t, hi_t, lo_y, args, lo_f)
-        gap = lambda t: crossings(t, interpolate(lo_t, hi_t, dense, t), args)[j]
-        return _chandrupatla(gap, lo_t, hi_t, crossings(lo_t, lo_y, args)[j], gap(hi_t))
+def _solve_block(problem: _Problem, saves, crossings, finish, unflat, block):
+    """One block's solve: its states to the inits-last layout, the stepping loop, then
+    the saved states (finished by `finish`) and the crossing times, inits first again.
 
-    axis = -1 if state_size <= SOA_MAX_STATE else 0
-    start, step = (_lastaxis(f, axis) for f in (start, step))
-    gaps = jax.vmap(gaps, in_axes=axis, out_axes=-1)  # (targets, inits)
-    locate = jax.vmap(locate, in_axes=(-1, -1, axis, axis, axis, None))  # one target, over inits
-    interpolate_k = jax.vmap(_lastaxis(interpolate, axis), in_axes=(None, None, None, 0))  # (k, inits) times
+    `saves` is `_SaveTimes` or `_SaveEnds`, `crossings` a `_Crossings` or None.
+    """
+    p = problem
+    y0, batched = block
+    batched_inits_first = batched
+    size = jax.tree.leaves(y0)[0].shape[0]
+    to_last = lambda tree: jax.tree.map(lambda x: jnp.moveaxis(x, 0, p.axis), tree)
+    y0, batched = to_last(y0), to_last(batched)
+    tnext, controller_state, solver_state = _lastaxis(p.start, p.axis)(y0, batched)
+    like = lambda x: jnp.broadcast_to(x, (size,))
+    zeros = jnp.zeros(size, jnp.int32)
+    saved = saves.start(y0, size, zeros)
+    tprev = like(jnp.asarray(p.t0, tnext.dtype))
+    hits = {} if crossings is None else crossings.start(tprev, y0, batched, solver_state)
+    state = _State(
+        tprev=tprev,
+        tnext=tnext,
+        y=y0,
+        solver_state=solver_state,
+        controller_state=controller_state,
+        status=zeros,
+        steps=zeros,
+        accepted=zeros,
+        save_index=zeros,
+        saved=saved,
+        **hits,
+    )
 
-    def solve_block(block):
-        y0, batched = block
-        batched_inits_first = batched
-        size = jax.tree.leaves(y0)[0].shape[0]
-        to_last = lambda tree: jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), tree)
-        y0, batched = to_last(y0), to_last(batched)
-        tnext, controller_state, solver_state = start(y0, batched)
-        like = lambda x: jnp.broadcast_to(x, (size,))
-        zeros = jnp.zeros(size, jnp.int32)
+    def body(s):
+        return _advance(p, saves, crossings, batched, s)
 
-        # Saved states: (inits, slots, ...) per leaf, SAVE_SLOTS slots of padding after
-        # the n_save times. Each accepted step writes a window of SAVE_SLOTS consecutive
-        # slots per init from its first unsaved one (one scatter of contiguous rows): the
-        # slots the step crossed get their values, the later ones are overwritten by the
-        # steps that cross them. Slots never reached (a failed init) are set to inf
-        # after the loop.
-        pad = 0 if ends_only else SAVE_SLOTS
+    s = eqxi.while_loop(lambda s: jnp.any(p.active(s)), body, state, max_steps=p.max_steps, kind=p.kind)
+    status = jnp.where((s.status == codes.OK) & (s.tprev < p.t1), codes.MAX_STEPS, s.status)
+    saved = unflat(saves.end(s, zeros))
+    if finish is not None:
+        saved, status = _finish(p, finish, saved, status, batched_inits_first)
+    crossed = None if crossings is None else crossings.locate(s, batched)
+    return saved, status, s.accepted, crossed
 
-        def write(saved, index, y):  # y leaves (k, ..., inits) or (k, inits, ...)
-            rows_first = lambda x: jnp.moveaxis(x, (0, axis), (1, 0)) if axis == -1 else jnp.moveaxis(x, 0, 1)
-            put = jax.vmap(lambda buf, x, i: jax.lax.dynamic_update_slice_in_dim(buf, x, i, axis=0))
-            return jax.tree.map(lambda buf, x: put(buf, rows_first(x), index), saved, y)
 
-        saved = jax.tree.map(
-            lambda x: jnp.full(
-                (size, n_save + pad) + (x.shape[:-1] if axis == -1 else x.shape[1:]), jnp.inf, x.dtype
+def _advance(problem: _Problem, saves, crossings, batched, s: _State) -> _State:
+    """One pass of the stepping loop: every active init of the block tries one step.
+
+    An accepted step moves the init on and writes the saved times it crossed; a rejected
+    one retries with the controller's smaller interval. Inits that finished, failed, or
+    whose f(t, y) is no longer finite are frozen (statuses SOLVER_FAILED, NONFINITE).
+    """
+    p = problem
+    # f(tprev, y) is NaN or Inf: no step can succeed, so stop this init at once
+    # (diffeqsolve would shrink the step until max_steps).
+    finite = _lastaxis(
+        lambda f: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(f)])), p.axis
+    )
+    broken = p.active(s) & ~finite(s.solver_state)
+    going = p.active(s) & ~broken
+    keep, tprev, tnext, y, solver_state, controller_state, dense, failed = _lastaxis(p.step, p.axis)(
+        s.tprev, s.tnext, s.y, batched, s.solver_state, s.controller_state
+    )
+    keep = keep & going
+    stuck = going & ~keep & ~(tnext > tprev)  # the step size collapsed to zero
+    save_index, saved = saves.after_step(s, keep, dense)
+    status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
+    status = jnp.where(stuck, codes.SOLVER_FAILED, status)
+    status = jnp.where(broken, codes.NONFINITE, status)
+    hits = {} if crossings is None else crossings.after_step(s, keep, y, batched)
+    return _State(
+        tprev=jnp.where(going, tprev, s.tprev),
+        tnext=jnp.where(going, tnext, s.tnext),
+        y=_pick(going, y, s.y, p.axis),
+        solver_state=_pick(going, solver_state, s.solver_state, p.axis),
+        controller_state=_pick(going, controller_state, s.controller_state, p.axis),
+        status=status,
+        steps=s.steps + going,
+        accepted=s.accepted + keep,
+        save_index=save_index,
+        saved=saved,
+        **hits,
+    )
+
+
+def _saved_buffer(y0, size, slots, axis):
+    """(inits, slots, ...) per leaf of the block's states y0 (inits on `axis`), all inf."""
+    return jax.tree.map(
+        lambda x: jnp.full((size, slots) + (x.shape[:-1] if axis == -1 else x.shape[1:]), jnp.inf, x.dtype),
+        y0,
+    )
+
+
+def _write(saved, index, y, axis):
+    """`saved` with rows index, index + 1, ... of each init overwritten by y's k rows.
+
+    y leaves are (k, ..., inits) or (k, inits, ...) (inits on `axis` after the k); one
+    scatter of contiguous rows per init.
+    """
+    rows_first = lambda x: jnp.moveaxis(x, (0, axis), (1, 0)) if axis == -1 else jnp.moveaxis(x, 0, 1)
+    put = jax.vmap(lambda buf, x, i: jax.lax.dynamic_update_slice_in_dim(buf, x, i, axis=0))
+    return jax.tree.map(lambda buf, x: put(buf, rows_first(x), index), saved, y)
+
+
+def _one(y):
+    """The block's states y as one row (k = 1) for `_write`."""
+    return jax.tree.map(lambda x: x[None], y)
+
+
+class _SaveEnds(eqx.Module):
+    """Saving y(t0) and y(t1) only (`ends_only`): slot 0 before the loop, slot 1 after it."""
+
+    problem: _Problem
+
+    def start(self, y0, size, zeros):
+        """The (inits, 2, ...) buffer with y0 in slot 0 (`zeros`: the (inits,) index 0)."""
+        saved = _saved_buffer(y0, size, 2, self.problem.axis)
+        return _write(saved, zeros, _one(y0), self.problem.axis)
+
+    def after_step(self, s: _State, keep, dense):
+        """(save index, saved): nothing to save inside the loop."""
+        return s.save_index, s.saved
+
+    def end(self, s: _State, zeros):
+        """The buffer with the last state in slot 1."""
+        return _write(s.saved, zeros + 1, _one(s.y), self.problem.axis)
+
+
+class _SaveTimes(eqx.Module):
+    """Saving y at the times ts, interpolated on each accepted step's dense output.
+
+    Saved states are (inits, slots, ...) per leaf, SAVE_SLOTS slots of padding after the
+    n_save times. Each accepted step writes a window of SAVE_SLOTS consecutive slots per
+    init from its first unsaved one (one scatter of contiguous rows): the slots the step
+    crossed get their values, the later ones are overwritten by the steps that cross
+    them. Slots never reached (a failed init) are set to inf after the loop.
+    """
+
+    problem: _Problem
+    ts: Float[Array, " times"]
+
+    def start(self, y0, size, zeros):
+        """The empty (inits, n_save + SAVE_SLOTS, ...) buffer."""
+        return _saved_buffer(y0, size, self.ts.shape[0] + SAVE_SLOTS, self.problem.axis)
+
+    def after_step(self, s: _State, keep, dense):
+        """(save index, saved) after the step from s.tprev to s.tnext, kept where `keep`."""
+        p, ts = self.problem, self.ts
+        n_save = ts.shape[0]
+        # y at (k, inits) times
+        interpolate_k = jax.vmap(_lastaxis(p.interpolate, p.axis), in_axes=(None, None, None, 0))
+        # The next SAVE_SLOTS save times are interpolated at once for every init and
+        # written as one window, again while any init of the block still has a save time
+        # due (a step that crossed more than SAVE_SLOTS of them); a step where none is due
+        # skips it (saving t0 and t1 of explicit `ts`: 23.3 -> 20.7 us per toy init,
+        # ends-only 15.7).
+        offsets = jnp.arange(SAVE_SLOTS)[:, None]
+
+        def due(index):
+            return keep & (index < n_save) & (ts[jnp.minimum(index, n_save - 1)] <= s.tnext)
+
+        def save(c):
+            index, saved = c
+            slots = index[None] + offsets
+            t = ts[jnp.minimum(slots, n_save - 1)]
+            crossed = keep[None] & (slots < n_save) & (t <= s.tnext[None])
+            y_t = interpolate_k(s.tprev, s.tnext, dense, t)
+            return index + jnp.sum(crossed, 0, dtype=index.dtype), _write(saved, index, y_t, p.axis)
+
+        return eqxi.while_loop(
+            lambda c: jnp.any(due(c[0])), save, (s.save_index, s.saved), max_steps=n_save, kind=p.kind
+        )
+
+    def end(self, s: _State, zeros):
+        """The n_save saved times: the padding dropped, the slots an init never reached inf."""
+        n_save = self.ts.shape[0]
+        unreached = jnp.arange(n_save)[None, :] >= s.save_index[:, None]
+        return jax.tree.map(
+            lambda x: jnp.where(
+                unreached.reshape(unreached.shape + (1,) * (x.ndim - 2)), jnp.inf, x[:, :n_save]
             ),
-            y0,
-        )
-        one = lambda y: jax.tree.map(lambda x: x[None], y)
-        if ends_only:
-            saved = write(saved, zeros, one(y0))
-        tprev = like(jnp.asarray(t0, tnext.dtype))
-        hits = {}
-        if crossings is not None:  # a target reached at the start: lo_t = hi_t = t0
-            found = gaps(tprev, y0, batched) >= 0
-            stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, found.shape[:1] + x.shape), tree)
-            hits = dict(
-                found=found, lo_t=stack(tprev), hi_t=stack(tprev), lo_y=stack(y0), lo_f=stack(solver_state)
-            )
-        state = _State(
-            tprev=tprev,
-            tnext=tnext,
-            y=y0,
-            solver_state=solver_state,
-            controller_state=controller_state,
-            status=zeros,
-            steps=zeros,
-            accepted=zeros,
-            save_index=zeros,
-            saved=saved,
-            **hits,
+            s.saved,
         )
 
-        def active(s):
-            return (s.tprev < t1) & (s.status == codes.OK) & (s.steps < max_steps)
 
-        def body(s):
-            # f(tprev, y) is NaN or Inf: no step can succeed, so stop this init at once
-            # (diffeqsolve would shrink the step until max_steps).
-            finite = _lastaxis(
-                lambda f: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(f)])), axis
+class _Crossings(eqx.Module):
+    """Hitting times: per init and target, the first accepted step whose end state has
+    gap >= 0, and after the loop the time in that step where the gap reaches 0.
+
+    The crossing is the root of gap(y(t)) on the step's dense output y(t), found by
+    Chandrupatla's method (`_chandrupatla`), so every accepted step is checked, not
+    only saved times.
+    """
+
+    problem: _Problem
+    gaps_of: Callable  # gaps(t, y, args) -> (targets,) of one init
+
+    def gaps(self, t, y, batched):
+        """The block's gaps, (targets, inits)."""
+        p = self.problem
+        one = lambda t, y, batched: self.gaps_of(t, y, p.args(batched))
+        return jax.vmap(one, in_axes=p.axis, out_axes=-1)(t, y, batched)
+
+    def start(self, tprev, y0, batched, solver_state):
+        """The crossings' carry: a target reached at the start has lo_t = hi_t = t0."""
+        found = self.gaps(tprev, y0, batched) >= 0
+        stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, found.shape[:1] + x.shape), tree)
+        return dict(
+            found=found, lo_t=stack(tprev), hi_t=stack(tprev), lo_y=stack(y0), lo_f=stack(solver_state)
+        )
+
+    def after_step(self, s: _State, keep, y, batched):
+        """The carry after the step from s.tprev to s.tnext reached y, accepted where `keep`."""
+        axis = self.problem.axis
+        newly = keep[None] & ~s.found & (self.gaps(s.tnext, y, batched) >= 0)
+
+        def first(buf, x):
+            shape = [1] * x.ndim
+            shape[axis] = keep.shape[0]
+            return jnp.where(newly.reshape(newly.shape[:1] + tuple(shape)), x[None], buf)
+
+        return dict(
+            found=s.found | newly,
+            lo_t=jnp.where(newly, s.tprev, s.lo_t),
+            hi_t=jnp.where(newly, s.tnext, s.hi_t),
+            lo_y=jax.tree.map(first, s.lo_y, s.y),
+            lo_f=jax.tree.map(first, s.lo_f, s.solver_state),
+        )
+
+    def locate_one(self, lo_t, hi_t, lo_y, lo_f, batched, j):
+        """One init's time in [lo_t, hi_t] where target j's gap reaches 0."""
+        p = self.problem
+        args = p.args(batched)
+        # the recorded step retaken from (lo_t, lo_y): the same arithmetic, its dense output
+        _, _, dense, _ = _rk_step(p.solver.tableau, p.field, lo_t, hi_t, lo_y, args, lo_f)
+        gap = lambda t: self.gaps_of(t, p.interpolate(lo_t, hi_t, dense, t), args)[j]
+        return _chandrupatla(gap, lo_t, hi_t, self.gaps_of(lo_t, lo_y, args)[j], gap(hi_t))
+
+    def locate(self, s: _State, batched):
+        """(inits, targets) crossing times: t0 where reached at the start, inf where never."""
+        axis = self.problem.axis
+        locate = jax.vmap(self.locate_one, in_axes=(-1, -1, axis, axis, axis, None))  # one target, over inits
+        # located on the recorded step's dense output (not differentiated through)
+        lo_t, hi_t, lo_y, lo_f, args_b = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
+        at_start = s.found & (s.hi_t == s.lo_t)
+        needed = s.found & ~at_start
+
+        # one target at a time, each skipped where no init of the block reached it
+        # inside the horizon (a default sweep's 0.99 level): the root finding's
+        # iterations then run in lockstep over the block, not over every target too
+        def one_target(x):
+            j, need, lo_t, hi_t, lo_y, lo_f = x
+            return jax.lax.cond(
+                jnp.any(need), lambda: locate(lo_t, hi_t, lo_y, lo_f, args_b, j), lambda: hi_t
             )
-            broken = active(s) & ~finite(s.solver_state)
-            going = active(s) & ~broken
-            keep, tprev, tnext, y, solver_state, controller_state, dense, failed = step(
-                s.tprev, s.tnext, s.y, batched, s.solver_state, s.controller_state
-            )
-            keep = keep & going
-            stuck = going & ~keep & ~(tnext > tprev)  # the step size collapsed to zero
-            saved, save_index = s.saved, s.save_index
-            if not ends_only:
-                # The next SAVE_SLOTS save times are interpolated at once for every init
-                # and written as one window, again while any init of the block still has
-                # a save time due (a step that crossed more than SAVE_SLOTS of them); a
-                # step where none is due skips it (saving t0 and t1 of explicit `ts`:
-                # 23.3 -> 20.7 us per toy init, ends-only 15.7).
-                offsets = jnp.arange(SAVE_SLOTS)[:, None]
 
-                def due(index):
-                    return keep & (index < n_save) & (ts[jnp.minimum(index, n_save - 1)] <= s.tnext)
+        targets = jnp.arange(s.found.shape[0])
+        located = jax.lax.map(one_target, (targets, needed, lo_t, hi_t, lo_y, lo_f))
+        return jnp.where(at_start, s.lo_t, jnp.where(s.found, located, jnp.inf)).T
 
-                def save(c):
-                    index, saved = c
-                    slots = index[None] + offsets
-                    t = ts[jnp.minimum(slots, n_save - 1)]
-                    crossed = keep[None] & (slots < n_save) & (t <= s.tnext[None])
-                    y_t = interpolate_k(s.tprev, s.tnext, dense, t)
-                    return index + jnp.sum(crossed, 0, dtype=index.dtype), write(saved, index, y_t)
 
-                save_index, saved = eqxi.while_loop(
-                    lambda c: jnp.any(due(c[0])), save, (save_index, saved), max_steps=n_save, kind=kind
-                )
-            status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
-            status = jnp.where(stuck, codes.SOLVER_FAILED, status)
-            status = jnp.where(broken, codes.NONFINITE, status)
-            hits = {}
-            if crossings is not None:  # the accepted step from s.tprev to s.tnext reached y
-                newly = keep[None] & ~s.found & (gaps(s.tnext, y, batched) >= 0)
-
-                def first(buf, x):
-                    shape = [1] * x.ndim
-                    shape[axis] = size
-                    return jnp.where(newly.reshape(newly.shape[:1] + tuple(shape)), x[None], buf)
-
-                hits = dict(
-                    found=s.found | newly,
-                    lo_t=jnp.where(newly, s.tprev, s.lo_t),
-                    hi_t=jnp.where(newly, s.tnext, s.hi_t),
-                    lo_y=jax.tree.map(first, s.lo_y, s.y),
-                    lo_f=jax.tree.map(first, s.lo_f, s.solver_state),
-                )
-            return _State(
-                tprev=jnp.where(going, tprev, s.tprev),
-                tnext=jnp.where(going, tnext, s.tnext),
-                y=_pick(going, y, s.y, axis),
-                solver_state=_pick(going, solver_state, s.solver_state, axis),
-                controller_state=_pick(going, controller_state, s.controller_state, axis),
-                status=status,
-                steps=s.steps + going,
-                accepted=s.accepted + keep,
-                save_index=save_index,
-                saved=saved,
-                **hits,
-            )
-
-        s = eqxi.while_loop(lambda s: jnp.any(active(s)), body, state, max_steps=max_steps, kind=kind)
-        status = jnp.where((s.status == codes.OK) & (s.tprev < t1), codes.MAX_STEPS, s.status)
-        saved = s.saved
-        if ends_only:
-            saved = write(saved, zeros + 1, one(s.y))
-        else:  # the padding dropped, and the slots an init never reached set to inf
-            unreached = jnp.arange(n_save)[None, :] >= s.save_index[:, None]
-            saved = jax.tree.map(
-                lambda x: jnp.where(
-                    unreached.reshape(unreached.shape + (1,) * (x.ndim - 2)), jnp.inf, x[:, :n_save]
-                ),
-                saved,
-            )
-        saved = unflat(saved)
-        if finish is not None:
-            with_args = lambda ys, status, b: finish(ys, status, eqx.combine(b, shared))
-            saved, status = jax.vmap(with_args)(saved, status, batched_inits_first)
-        crossed = None
-        if crossings is not None:
-            # located on the recorded step's dense output (not differentiated through)
-            lo_t, hi_t, lo_y, lo_f, args_b = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
-            at_start = s.found & (s.hi_t == s.lo_t)
-            needed = s.found & ~at_start
-
-            # one target at a time, each skipped where no init of the block reached it
-            # inside the horizon (a default sweep's 0.99 level): the root finding's
-            # iterations then run in lockstep over the block, not over every target too
-            def one_target(x):
-                j, need, lo_t, hi_t, lo_y, lo_f = x
-                return jax.lax.cond(
-                    jnp.any(need), lambda: locate(lo_t, hi_t, lo_y, lo_f, args_b, j), lambda: hi_t
-                )
-
-            targets = jnp.arange(s.found.shape[0])
-            located = jax.lax.map(one_target, (targets, needed, lo_t, hi_t, lo_y, lo_f))
-            crossed = jnp.where(at_start, s.lo_t, jnp.where(s.found, located, jnp.inf)).T
-        return saved, status, s.accepted, crossed
-
-    return solve_block
+def _finish(problem: _Problem, finish, saved, status, batched):
+    """finish(ys, status, args) -> (outputs, status) of each init of the block (inits first)."""
+    with_args = lambda ys, status, b: finish(ys, status, problem.args(b))
+    return jax.vmap(with_args)(saved, status, batched)
 
 
 #: Root-finding iterations at most per crossing (Chandrupatla's method: about 10 for
