@@ -1,7 +1,7 @@
 """Stiff long horizons with default options: cross-entropy to t = 1e7, square loss to t = 1e6.
 
 Every `pz.flow` call below passes only the model, the objective and t1: default solver
-(the stiff default, `polarize.stiff.default_method`), clock, tolerances (rtol 1e-6,
+(the stiff default, `polarize.solve._stiff.default_method`), clock, tolerances (rtol 1e-6,
 atol 1e-8), max_steps and 64 save times. Reported per horizon: first call (compile
 included) and steady seconds (`jax.block_until_ready`), median and max accepted
 steps per init, failed inits, and the load average when the timing ended (the

@@ -7,7 +7,7 @@ shapes); two pairs by default, each with a cache of its own, and the medians. Re
 each run's wall time, peak resident memory (VmHWM, read by the child itself at exit) and
 throughput; then the same sweep's per-chunk cost split into its parts (the flow solve
 alone, the flow with its hitting times, the final statistics; the previous restart method
-of hitting times for comparison), measured in this process on one piece (`sweep.PIECE`
+of hitting times for comparison), measured in this process on one run of blocks (`sweep.AT_ONCE_CPU`
 initializations).
 
     python benchmarks/sweep_million.py            # 1e6 inits, two pairs of runs (~4 minutes)
@@ -59,8 +59,8 @@ def run_cli(inits: int, cache: str) -> tuple[float, float, str]:
 
 
 def parts() -> list[list]:
-    """Seconds of each part of one sweep piece (`sweep.PIECE` inits, defaults), steady state, on
-    one thread (as each of a sweep's piece-running threads)."""
+    """Seconds of each part of one run of a chunk's blocks (`sweep.AT_ONCE_CPU` inits,
+    defaults), steady state, on one thread (as each of a sweep's threads)."""
     os.environ["POLARIZE_THREADS"] = "1"
     import jax
 
@@ -71,7 +71,7 @@ def parts() -> list[list]:
 
     config = SweepConfig()
     objective = config.build_objective()
-    model = config.build_model(0, sweep.PIECE)
+    model = config.build_model(0, sweep.AT_ONCE_CPU)
 
     def steady(fn, repeats=3):  # best of `repeats` after a warm-up call
         out = jax.block_until_ready(fn())
@@ -104,7 +104,7 @@ def parts() -> list[list]:
         ["what a sweep runs (`measure`): all three, each block reduced as soon as solved", whole],
         ["for comparison: hitting times by restarts over saved intervals (`hitting_times`)", restart],
     ]
-    return [[name, fmt(s), fmt(1e6 * s / sweep.PIECE), fmt(100 * s / whole)] for name, s in rows]
+    return [[name, fmt(s), fmt(1e6 * s / sweep.AT_ONCE_CPU), fmt(100 * s / whole)] for name, s in rows]
 
 
 def main(argv=None):
@@ -140,11 +140,11 @@ def main(argv=None):
         f"this machine ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end). "
         f"{pairs} pair(s) of runs, each pair with a compilation cache of its own: the first run "
         "starts from an empty cache; the second finds its programs in the persistent cache the "
-        "first one filled (`polarize.devices.cache_dir()`), as every later run of the same shapes "
+        "first one filled (`polarize.solve._devices.cache_dir()`), as every later run of the same shapes "
         "does:\n\n"
         + table(["run", "inits", "wall s", "inits / s", "peak RSS MiB"], rows)
         + f"\n\nThe first run's summary line: `{first[0][2]}`\n\n"
-        f"Where a piece of {sweep.PIECE} inits spends its time (this process, one thread, best of 3 "
+        f"Where a run of {sweep.AT_ONCE_CPU} inits spends its time (this process, one thread, best of 3 "
         "after a warm-up, compile excluded):\n\n"
         + table(["part", "s", "us / init", "% of measure()"], parts())
     )

@@ -3,7 +3,7 @@
 n = d = T = 20, X = U diag(linspace(1, 1/kappa)) W^T (`pz.conditioned_regression`),
 y ~ N(0, I), V(0) = 1e-5 N(0, 1), a(0) = 1e-3 N(0, 1); exact flow (the paper's GD, lr 1e-3
 for 3e5 steps, is t = 300) to t = 300 and on to t = 1e5. After the loss has converged the flow
-is stiff; the default stiff solver (`polarize.stiff`) steps over it in a few hundred steps.
+is stiff; the default stiff solver (`polarize.solve._stiff`) steps over it in a few hundred steps.
 Initialization i is paired with its own dataset i (a batched objective). Reported against
 kappa: final max weight, entropy, the times max weight crosses 0.5 and 0.9, how the time
 the loss takes to converge relates to the polarization reached, and whether polarization

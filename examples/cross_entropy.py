@@ -2,7 +2,7 @@
 
 10 classes, V 10 x 10 (V(0) = 0.1 N(0, 1)), a(0) = 0, p = softmax(10 U[0, 1])
 (`pz.peaked_distribution`), exact flow to t = 1e7 as in the paper (1e7 GD steps). Once the
-excess loss is tiny the flow is stiff; the default stiff solver (`polarize.stiff`) steps
+excess loss is tiny the flow is stiff; the default stiff solver (`polarize.solve._stiff`) steps
 over it in a few hundred steps per initialization, default options throughout.
 The loss has a finite minimum, H(p), reached at beta = log p + c. The question asked
 here: does polarization continue after the loss has converged, or stop with it? Reported:

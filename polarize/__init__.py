@@ -62,6 +62,7 @@ from .runs import (
 from .solve import (
     SolveOptions as SolveOptions,
     descend as descend,
+    descend_with_hitting_times as descend_with_hitting_times,
     descent_hitting_times as descent_hitting_times,
     flow as flow,
     flow_with_hitting_times as flow_with_hitting_times,

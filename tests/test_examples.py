@@ -1,11 +1,16 @@
-"""Smoke-run every example with --small, in-process (shared JIT caches), and check what it measured."""
+"""Smoke-run every example with --small, in-process (shared JIT caches), and check what it measured.
+
+Smoke runs of the gradient examples' --small modes: they run, write a figure, and say something true.
+"""
 
 import importlib
+import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -95,3 +100,30 @@ def test_example_rejects_unknown_argument(capsys):
     finally:
         sys.path.remove(str(EXAMPLES))
     assert exc.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sensitivity_small(tmp_path):
+    numbers = load("sensitivity").main(["--small", "--out", str(tmp_path)])
+    assert (tmp_path / "sensitivity.png").stat().st_size > 0
+    assert (tmp_path / "sensitivity.json").exists()
+    assert numbers["n_failed"] == 0 and len(numbers["winners"]) > 1
+    assert numbers["ratio_grad_a"] > 1 and numbers["ratio_grad_V"] > 1  # boundaries are more sensitive
+
+
+@pytest.mark.slow  # four gradient programs to compile: ~50 s on a quiet 2-core machine
+def test_delay_polarization_small(tmp_path):
+    numbers = load("delay_polarization").main(["--small", "--out", str(tmp_path)])
+    assert (tmp_path / "delay_polarization.png").stat().st_size > 0
+    init = numbers["initialization"]
+    assert init["n_failed"] == 0
+    assert np.all(np.array(init["entropy_end"]) > np.array(init["entropy_start"]))  # optax raised H(t*)
+    for design in (numbers["sink"], numbers["temperature"]):
+        assert design["root"] is not None and design["ok"]
+        assert abs(design["value_at_root"] - numbers["target"]) < 1e-6

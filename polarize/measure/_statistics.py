@@ -202,7 +202,7 @@ def _failed(x, ok):
 @exact_matmuls
 def _series_by_block(traj: Trajectory) -> dict:
     # per initialization in the fixed-block program, so a statistic never depends
-    # on which other initializations shared the batch (see `polarize.ensembles`)
+    # on which other initializations shared the batch (see `polarize.core._batching`)
     return blockwise(lambda arrays: _series_of(*arrays), (traj.value_path, traj.weights, traj.loss))
 
 

@@ -2,7 +2,7 @@
 
 `SweepConfig` names everything that determines a sweep's numbers. Each family of
 names has one registry, name -> builder (`OBJECTIVES`, `SOLVERS`, `METHODS`, and
-`polarize.normalizations.NORMALIZATIONS`); the CLI lists the same keys, and
+`polarize.NORMALIZATIONS`); the CLI lists the same keys, and
 `SweepConfig.build_objective()`, `.build_solver()`, `.build_model()` build the objects the runner
 uses. Nothing else turns a setting into an object.
 
@@ -17,10 +17,8 @@ import diffrax
 import jax
 import numpy as np
 
-from ..solve._descent import save_steps
 from ..core._batching import BLOCK_SIZE
 from ..core._errors import PolarizeError, check_choice, check_positive
-from ..solve._options import LEVELS, LOSS_FRACTION, SolveOptions, Targets, check_levels, time_names
 from ..core._models import ValueAttention, as_key, init_ensemble
 from ..core._normalizations import NORMALIZATIONS, AbstractNormalization, normalization
 from ..core._objectives import (
@@ -31,6 +29,8 @@ from ..core._objectives import (
     random_labels,
 )
 from ..core._times import save_times
+from ..solve._descent import save_steps
+from ..solve._options import LEVELS, LOSS_FRACTION, SolveOptions, Targets, check_levels, time_names
 
 #: objective name -> builder(key, config): the sweep's target, shared by every initialization.
 OBJECTIVES = {
@@ -40,15 +40,15 @@ OBJECTIVES = {
     "cross-entropy": lambda key, c: peaked_distribution(key, c.dim),
 }
 #: solver name -> diffrax solver class; "auto" is `flow`'s default (stiff objectives get
-#: the Rosenbrock-W method of `polarize.stiff`, the rest Tsit5).
+#: the Rosenbrock-W method of `polarize.solve._stiff`, the rest Tsit5).
 SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
 #: method name -> what it integrates.
 METHODS = {"flow": "exact gradient flow (diffrax)", "gd": "plain gradient descent at lr (optax.sgd)"}
 #: objectives with a logistic tail, where `rate_C` is fitted.
 LOGISTIC = ("logistic", "logistic-data")
 #: `chunk_size` and `block_size` where a config leaves them at None, by JAX's default
-#: backend. On CPU: chunks of 6 pieces of `sweep.PIECE` (none padded on 1, 2, 3 or 6
-#: threads), blocks of `BLOCK_SIZE`. On a GPU or TPU an adaptive loop's step costs about
+#: backend. On CPU: chunks of 6 runs of `_sweep.AT_ONCE_CPU` blocks (none padded on 1,
+#: 2, 3 or 6 threads), blocks of `BLOCK_SIZE`. On a GPU or TPU an adaptive loop's step costs about
 #: the same for 128 initializations as for 16,384, so blocks are wide, solved one per
 #: device at a time, and chunks hold several (measured on an H200: benchmarks/GPU.md).
 SIZES = {"cpu": {"chunk_size": 12_288, "block_size": BLOCK_SIZE}}

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from ..core import status
-from ._config import SweepConfig
 from ..core._errors import PolarizeError
-from ..measure._statistics import aggregate
-from ._storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
 from ..figures._sweep import sweep_figures
+from ..measure._statistics import aggregate
+from ._config import SweepConfig
 from ._folder import stored_config
+from ._storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
 
 
 def summary_of(config: SweepConfig, arrays: dict) -> dict:

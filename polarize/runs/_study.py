@@ -35,16 +35,16 @@ import tomllib
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from ._config import SweepConfig
-from ..solve._devices import barrier
 from ..core._errors import PolarizeError
+from ..figures._study import FRACTIONS, PER_INIT, plot_study as draw_study
+from ..solve._devices import barrier
+from ._config import SweepConfig
+from ._folder import resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
-from ._folder import resumed_config, stored_config
 from ._sweep import run_sweep
-from ..figures._study import FRACTIONS, PER_INIT, plot_study as draw_study
+
 
 @dataclasses.dataclass(frozen=True)
 class Study:

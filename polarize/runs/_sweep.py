@@ -27,33 +27,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..figures._pyplot import pyplot
-from ._config import SweepConfig
-from ..solve._descent import descend
-from ..solve._devices import barrier, my_chunks, over_devices
 from ..core._batching import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
+from ..core._trajectory import Trajectory
+from ..core._weights import distribution
+from ..figures._pyplot import pyplot
 from ..measure._rates import logistic_rate
-from ._folder import check_same, package_versions, prepare_out, resumed_config, stored_config
-from ._results import Gather, assemble, gathering
+from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
+from ..solve._descent import descend_with_hitting_times
+from ..solve._devices import barrier, my_chunks, over_devices
 from ..solve._hitting import (
-    descent_hitting_times,
     flow_and_crossings,
     restarted_hitting_times,
 )
-from ..core._weights import distribution
-from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
+from ._config import SweepConfig
+from ._folder import check_same, package_versions, prepare_out, resumed_config, stored_config
+from ._results import Gather, assemble, gathering
 from ._storage import write_json
 from ._store import ChunkStore
-from ..core._trajectory import Trajectory
 
-#: Initializations solved at once inside a chunk on CPU (a multiple of the block size):
-#: where a sweep stores trajectories (solvers outside the batched loop, descent), they
-#: exist only for these, so memory does not grow with `chunk_size`. A default flow sweep
-#: stores none; there pieces of 2048 ran 12-15% faster than pieces of 1024 on two threads
-#: (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU a piece is one block
-#: per device (see `run_chunk`).
-PIECE = 16 * BLOCK_SIZE
+#: A sweep has two granularities: the chunk (the unit on disk, `chunk_size`) and the block
+#: (the unit of the numerics, `block_size`). Threads and devices are only where blocks
+#: run: on CPU a chunk's blocks go to the threads this many initializations at a time
+#: (whole blocks). Where a sweep stores trajectories (solvers outside the batched loop,
+#: descent), they exist only for these, so memory does not grow with `chunk_size`. A
+#: default flow sweep stores none; there 2048 at a time ran 12-15% faster than 1024 on two
+#: threads (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU each device
+#: takes one block at a time (see `run_chunk`).
+AT_ONCE_CPU = 16 * BLOCK_SIZE
 
 
 def solve(config: SweepConfig, model, objective) -> Trajectory:
@@ -62,13 +63,14 @@ def solve(config: SweepConfig, model, objective) -> Trajectory:
 
 
 def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory, dict | None]:
-    """The trajectories and, for a flow in the engine's batched loop, the config's hitting
-    times from the same solve (None otherwise: `measure` then restarts on one device)."""
+    """The trajectories and, for descent or a flow in the engine's batched loop, the config's
+    hitting times from the same solve (None otherwise: `measure` then restarts on one device)."""
     if config.method == "flow":
         return flow_and_crossings(model, objective, config.solve_options(), config.time_names())
-    block = config.resolved().block_size
-    traj = descend(model, objective, config.lr, steps=config.steps, n_save=config.n_save, block_size=block)
-    return traj, None
+    # descent checks the targets on the iterates it steps, in the same scan
+    levels = dict(levels=config.levels, loss_fraction=config.loss_fraction)
+    saves = dict(n_save=config.n_save, block_size=config.resolved().block_size)
+    return descend_with_hitting_times(model, objective, config.lr, steps=config.steps, **levels, **saves)
 
 
 #: Settings that only choose the numbers a sweep starts from (its initializations and
@@ -152,16 +154,8 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
             times = restarted_hitting_times(traj, model, objective, options, names)
         out.update(times)
         out["solver_steps"] = traj.steps
-    else:
-        times = descent_hitting_times(
-            model,
-            objective,
-            config.lr,
-            steps=config.steps,
-            levels=config.levels,
-            loss_fraction=config.loss_fraction,
-        )
-        out.update({k: jnp.where(traj.ok, v, jnp.nan) for k, v in times.items()})
+    else:  # descent's, NaN where `traj.ok` is False
+        out.update(times)
     if config.fits_rate():
         max_weight = jnp.max(distribution(traj.weights), axis=-1)
         rate = logistic_rate(config.times(), max_weight, t1=config.horizon())
@@ -173,34 +167,34 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
 def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
-    Solved in pieces of one size for the whole sweep, the last padded with the next
-    initializations, so that every piece runs one compiled program; the numbers do not
-    depend on it. On CPU pieces of `PIECE` run side by side in threads. On a GPU or TPU a
-    piece is one block per device: wide enough to fill the device, and trajectories a
-    sweep stores (descent, solvers outside the batched loop) take no more device memory
-    than the block's solve itself.
+    The chunk's blocks run a fixed number of initializations at a time for the whole
+    sweep (the last run padded with the next initializations), so that each runs one
+    compiled program; the numbers do not depend on it. On CPU runs of `AT_ONCE_CPU` go
+    side by side to the threads. On a GPU or TPU a run is one block per device: wide
+    enough to fill the device, and trajectories a sweep stores (descent, solvers outside
+    the batched loop) take no more device memory than the block's solve itself.
     """
     config = config.resolved()
     objective = _objective(config)
     n_devices = len(devices or jax.local_devices())
-    piece_size = PIECE if jax.default_backend() == "cpu" else config.block_size * n_devices
-    size = _round_up(min(piece_size, config.chunk_size, config.inits), config.block_size)
+    at_once = AT_ONCE_CPU if jax.default_backend() == "cpu" else config.block_size * n_devices
+    size = _round_up(min(at_once, config.chunk_size, config.inits), config.block_size)
 
-    def piece(lo):
+    def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
         out = measure(config, config.build_model(lo, lo + size), objective, devices=devices)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     starts = list(range(start, stop, size))
     parts = []
     key = (_program(config), size, tuple(devices or ()))
-    if key not in _COMPILED:  # the first piece alone compiles; the others reuse it
-        parts.append(piece(starts.pop(0)))
+    if key not in _COMPILED:  # the first run alone compiles; the others reuse it
+        parts.append(blocks(starts.pop(0)))
         _COMPILED.add(key)
-    # XLA's CPU runtime runs a program on one core: on one CPU device, pieces run side
-    # by side in `cpu_threads()` threads (the same programs, so the same numbers)
+    # XLA's CPU runtime runs a program on one core: on one CPU device, runs of blocks go
+    # side by side to `cpu_threads()` threads (the same programs, so the same numbers)
     one_cpu = jax.default_backend() == "cpu" and len(devices or jax.local_devices()) == 1
     with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
-        parts += list(pool.map(piece, starts))
+        parts += list(pool.map(blocks, starts))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -219,7 +213,7 @@ _COMPILED: set = set()
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
-    """[(start, stop), ...] covering range(n) in pieces of at most `size`."""
+    """[(start, stop), ...] covering range(n) in chunks of at most `size`."""
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 

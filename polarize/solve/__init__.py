@@ -5,7 +5,7 @@ initializations; a Rosenbrock-W method takes the stiff long horizons; hitting ti
 are located on the solver's own steps.
 """
 
-from ._descent import descend as descend
+from ._descent import descend as descend, descend_with_hitting_times as descend_with_hitting_times
 from ._flow import flow as flow, modified_flow as modified_flow
 from ._hitting import (
     descent_hitting_times as descent_hitting_times,

@@ -4,6 +4,10 @@
 reports time as steps x lr, directly comparable with `flow`. Each initialization
 carries its own optimizer state, so Adam or momentum act per initialization exactly
 as in a Python loop over them.
+
+With `targets` (hitting-time `Targets`), `descend` also returns, per initialization, the
+first step index k = 0..steps whose iterate reaches each target, checked on the very
+iterates it steps; `descend_with_hitting_times` turns them into times k x lr.
 """
 
 import functools
@@ -13,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jaxtyping import Array, Float, Int
 
 from ..core import _batching as ensembles, status as codes
 from ..core._batching import Precision, ensemble_size, exact_matmuls
@@ -21,6 +26,7 @@ from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, all_finite, observe
 from ..core.fields import Path, prepare
+from ._options import LEVELS, LOSS_FRACTION, Targets, check_levels, time_names
 
 
 def save_steps(steps: int, n_save: int = 64) -> np.ndarray:
@@ -41,7 +47,8 @@ def descend(
     path: Path = "auto",
     precision: Precision | None = None,
     block_size: int | None = None,
-) -> Trajectory:
+    targets: Targets | None = None,
+) -> Trajectory | tuple[Trajectory, Int[Array, "*inits targets"]]:
     """Run `steps` optimizer updates theta <- theta + update(grad L) on every initialization.
 
     Args:
@@ -56,11 +63,16 @@ def descend(
             may step in the reduced coordinates ("reduced", "span"), which is exactly the
             same iteration; with an optax optimizer it uses "analytic" or "autodiff".
         precision, block_size: as for `flow`.
+        targets: hitting-time `Targets` (`Targets.of(levels, loss_fraction)`), checked at
+            every step k = 0..steps (0: the start) on the iterate descent carries, in its
+            own coordinates; with them descent runs to `steps` even past the last saved step.
 
     Returns:
         A `Trajectory` with `steps` holding the saved step indices. An initialization
         that goes NaN/Inf gets ok=False and status `polarize.status.NONFINITE`; others
-        are unaffected.
+        are unaffected. With `targets`: `(trajectory, first)`, `first` (*inits, targets)
+        the first step index reaching each target, -1 where none did (the trajectory is
+        bit for bit the one without targets).
     """
     steps = check_positive("steps", steps, integer=True)
     plain = isinstance(optimizer, int | float)
@@ -88,15 +100,43 @@ def descend(
         if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
-    run = (optimizer, marks, field, block_size, plain)
+    run = (optimizer, marks, field, block_size, plain, targets, steps)
     # the saved times and step indices are shared, the rest is per initialization
-    shared = lambda t: (t.ts, t.steps)
-    traj = ensembles.in_threads(_descend, model, objective, *run, _block=block_size, _shared=shared)
-    if traj is None:
-        traj = _descend(model, objective, *run)
+    shared = lambda out: (out[0].ts, out[0].steps)
+    out = ensembles.in_threads(_descend, model, objective, *run, _block=block_size, _shared=shared)
+    if out is None:
+        out = _descend(model, objective, *run)
+    traj, first = out
     ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
     status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
-    return eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
+    traj = eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
+    return traj if targets is None else (traj, first)
+
+
+def descend_with_hitting_times(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    lr: float,
+    *,
+    steps: int,
+    levels=LEVELS,
+    loss_fraction: float | None = LOSS_FRACTION,
+    **options,
+) -> tuple[Trajectory, dict[str, Float[Array, "*inits"]]]:
+    """`descend(model, objective, lr, steps=steps, **options)` and its hitting times, from
+    one descent: the first step index k whose iterate reaches each level, times lr.
+
+    Returns:
+        (trajectory, {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}), each
+        (inits,) or a scalar: k x lr (0 when reached at the start), inf where not reached
+        within `steps`, NaN where the run went non-finite (`ok` False).
+    """
+    names = time_names(check_levels(levels), loss_fraction)
+    targets = Targets.of(levels, loss_fraction)
+    traj, first = descend(model, objective, lr, steps=steps, targets=targets, **options)
+    times = jnp.where(first >= 0, first * lr, jnp.inf)
+    times = jnp.where(traj.ok[..., None], times, jnp.nan)
+    return traj, {name: times[..., j] for j, name in enumerate(names)}
 
 
 # One transformation object per lr, so repeated calls reuse the compiled loop.
@@ -127,7 +167,7 @@ UNROLL = 8
 
 @eqx.filter_jit
 @exact_matmuls
-def _descend(model, objective, optimizer, marks, system, block_size, flat):
+def _descend(model, objective, optimizer, marks, system, block_size, flat, targets, steps):
     single = ensemble_size(model, objective) is None
     if single:  # step one initialization as a block of one
         model = eqx.tree_at(
@@ -135,10 +175,7 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat):
             model,
             [getattr(model, n)[None] for n in model.trainable],
         )
-    is_none = lambda x: x is None
-    axes = (ensembles.batch_axes(model), ensembles.batch_axes(objective))
-    batched = jax.tree.map(lambda ax: ax == 0, axes, is_leaf=is_none)
-    dynamic, static = eqx.partition((model, objective), batched)
+    dynamic, static = ensembles.partition_inits((model, objective))
 
     def per_init(fn):
         """fn(model, objective, *rest) of one initialization, over a block's trailing inits axis."""
@@ -161,11 +198,11 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat):
             pack, unpack = _packing(theta)
             field = per_init(lambda m, o, th, c: system(th, m, o, c))
 
-            def body(carry, _):
+            def advance(carry):
                 x, opt_state = carry
                 grads = jnp.negative(pack(field(block, unpack(x), constants)))
                 updates, opt_state = optimizer.update(grads, opt_state, x)
-                return (optax.apply_updates(x, updates), opt_state), None
+                return optax.apply_updates(x, updates), opt_state
 
             carry = (pack(theta), optimizer.init(pack(theta)))
         else:
@@ -173,22 +210,82 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat):
             carry = (theta, per_init(lambda m, o, th: optimizer.init(th))(block, theta))
             step = per_init(one_step)
 
-            def body(carry, _):
-                return step(block, *carry, constants), None
+            def advance(carry):
+                return step(block, *carry, constants)
 
-        saved, done = [], 0
-        # One scan per segment between saved steps: static lengths keep the loop
-        # reverse-differentiable, so gradients can flow through descent too.
-        for mark in marks:
-            if mark > done:
-                carry, _ = jax.lax.scan(
-                    body, carry, None, length=mark - done, unroll=min(UNROLL, mark - done)
-                )
-                done = mark
-            saved.append(unpack(carry[0]))
-        return jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)  # (inits, marks, ...)
+        stack = lambda saved: jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)
+        if targets is None:
+            body = lambda carry, _: (advance(carry), None)
+            saved, done = [], 0
+            # One scan per segment between saved steps: static lengths keep the loop
+            # reverse-differentiable, so gradients can flow through descent too.
+            for mark in marks:
+                if mark > done:
+                    carry, _ = jax.lax.scan(
+                        body, carry, None, length=mark - done, unroll=min(UNROLL, mark - done)
+                    )
+                    done = mark
+                saved.append(unpack(carry[0]))
+            return stack(saved), None  # (inits, marks, ...)
 
-    states = ensembles.block_map(run_block, dynamic, block_size=block_size)
+        # With targets, the state before step k is only read: checked against the targets
+        # (and kept, where k is saved), so the steps are those above.
+        levels = per_init(targets.levels)(block)  # (targets, inits)
+        reached = per_init(
+            lambda m, o, th, c, lv: targets.from_observed(*system.observe(th, m, o, c), lv) >= 0
+        )
+        k_ = lambda k: jnp.asarray(k, _index_dtype())
+        first = jnp.full(targets.kinds.shape + (block_size,), -1, _index_dtype())
+
+        def check(first, x, k):  # first hits (targets, inits) after reading state x of step k
+            return jnp.where((first < 0) & reached(block, unpack(x), constants, levels), k, first)
+
+        if not flat:
+            # per-leaf optimizer states round differently in another loop structure (as
+            # descend does with other saved steps): the segments above, checked in the body
+            def tracked(carry, k):
+                state, first = carry
+                return (advance(state), check(first, state[0], k)), None
+
+            def segment(carry, start, stop):
+                ks = jnp.arange(start, stop, dtype=_index_dtype())
+                return jax.lax.scan(tracked, carry, ks, unroll=min(UNROLL, stop - start))[0]
+
+            carry, saved, done = (carry, first), [], 0
+            for mark in marks + ((steps,) if steps > marks[-1] else ()):
+                if mark > done:
+                    carry = segment(carry, done, mark)
+                    done = mark
+                saved.append(unpack(carry[0][0]))
+            first = check(carry[1], carry[0][0], k_(steps))
+            return stack(saved[: len(marks)]), first.T  # (inits, marks, ...), (inits, targets)
+
+        # Plain SGD steps one array elementwise, and its numbers have not depended on the
+        # loop structure (tests/solve/test_descent.py checks this one against the segments): one
+        # scan over all steps, one loop body to compile instead of one per segment (half the
+        # compile time of the segments alone), the saved steps' states kept in rows of
+        # `kept` (row n takes the others).
+        n, at = len(marks), k_(marks + (-1,))  # at[j]: the next saved step (-1: none left)
+
+        def read(x, seen, k):
+            first, kept, j = seen
+            row = jnp.where(at[j] == k, j, n)
+            kept = jax.lax.dynamic_update_index_in_dim(kept, x, row, 0)
+            return check(first, x, k), kept, j + (at[j] == k)
+
+        def body(carry, k):
+            state, seen = carry
+            return (advance(state), read(state[0], seen, k)), None
+
+        kept = jnp.zeros((n + 1,) + carry[0].shape, carry[0].dtype)
+        start = (carry, (first, kept, k_(0)))
+        carry, _ = jax.lax.scan(
+            body, start, jnp.arange(steps, dtype=_index_dtype()), unroll=min(UNROLL, steps)
+        )
+        first, kept, _ = read(carry[0][0], carry[1], k_(steps))
+        return stack([unpack(kept[i]) for i in range(n)]), first.T
+
+    states, first = ensembles.block_map(run_block, dynamic, block_size=block_size)
 
     def finish(block):
         (model, objective), ys = eqx.combine(block[0], static), block[1]
@@ -199,6 +296,13 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat):
 
     out = ensembles.blockwise(finish, (dynamic, states), block_size=block_size)
     V, a, weights, loss, ok, status = jax.tree.map(lambda x: x[0], out) if single else out
+    if single and first is not None:
+        first = first[0]
     ts = jnp.asarray(marks, dtype=a.dtype)
-    step_index = jnp.asarray(marks, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
-    return Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)
+    step_index = jnp.asarray(marks, dtype=_index_dtype())
+    traj = Trajectory(ts=ts, V=V, a=a, weights=weights, loss=loss, ok=ok, status=status, steps=step_index)
+    return traj, first
+
+
+def _index_dtype():
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32

@@ -65,7 +65,7 @@ def flow(
         n_save: number of saved times, evenly spaced in log(1 + t), when `ts` is None.
         ts: explicit save times in [t0, t1] instead.
         solver: any diffrax solver; default `stiff.default_method`: the Rosenbrock-W
-            method of `polarize.stiff` for `Square` and `CrossEntropy` at long horizons
+            method of `polarize.solve._stiff` for `Square` and `CrossEntropy` at long horizons
             (stiff once the loss converges), Tsit5 otherwise.
         rtol, atol: tolerances of the PID step-size controller.
         max_steps: per-initialization cap on solver steps.

@@ -1,12 +1,14 @@
-"""Polarization speed: when each initialization reaches a level, and its asymptotic rate.
+"""Polarization speed: when each initialization reaches a level (the rate: `polarize.measure`).
 
 Hitting times of gradient flow are exact to the solver's tolerance, not interpolated
 between saved times. Two ways:
 
 `flow_with_hitting_times` (what sweeps run) takes them from the solve itself: the
 engine's batched loop checks every accepted step, keeps the first that reaches each
-level, and locates the crossing on that step's dense output (`engine.integrate`'s
-`crossings`). Only a crossing undone inside one solver step is missed.
+level, and locates the crossing on that step's dense output (`_engine.integrate`'s
+`crossings`, Chandrupatla's method). Only a crossing undone inside one solver step is
+missed. Solvers outside the batched loop (implicit, Rosenbrock-W: the stiff default)
+restart instead, as `hitting_times` does.
 
 `hitting_times(traj, ...)` works from any trajectory. The saved trajectory only
 brackets the first crossing: the first saved interval [t_{k-1}, t_k] whose end reached
@@ -20,24 +22,25 @@ Caveat of the bracketing: a crossing that uncrosses again between two saved time
 the time reported is that of a later crossing, or inf. More saved times (`n_save`)
 shrink the intervals.
 
-For gradient descent (`descent_hitting_times`) the time of a level is the first
-step index k whose iterate reached it, times lr.
+For gradient descent (`descent_hitting_times`, `descend_with_hitting_times`) the time
+of a level is the first step index k whose iterate reached it, times lr, tracked by
+`descend` in the same scan that steps it.
 """
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import optax
 import optimistix as optx
 from jaxtyping import Array, Float
 
-from ..core._batching import batch_axes, blockwise, exact_matmuls, over_inits
-from ..core._errors import PolarizeError
+from ..core._batching import blockwise, exact_matmuls, partition_inits
+from ..core._errors import PolarizeError, check_positive
 from ..core._models import AbstractModel, with_params
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, observe
 from ..core.fields import choose_field
+from ._descent import descend_with_hitting_times
 from ._flow import solve_flow
 from ._options import (
     LEVELS,
@@ -152,16 +155,10 @@ def hitting_times(
     return restarted_hitting_times(traj, model, objective, options, names)
 
 
-def _split(module):
-    """(batched arrays, the rest) of a model or objective, for mapping over initializations."""
-    is_none = lambda x: x is None
-    return eqx.partition(module, jax.tree.map(lambda ax: ax == 0, batch_axes(module), is_leaf=is_none))
-
-
 @eqx.filter_jit
 @exact_matmuls
 def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_steps):
-    (model_dyn, model_static), (obj_dyn, obj_static) = _split(model), _split(objective)
+    (model_dyn, model_static), (obj_dyn, obj_static) = partition_inits(model), partition_inits(objective)
     n = per_init[0].shape[0]
     model_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), model_dyn)
     obj_dyn = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape[1:]), obj_dyn)
@@ -262,47 +259,10 @@ def descent_hitting_times(
     """For plain gradient descent at `lr`: the first step index k whose iterate reaches
     each level (k = 0 is the start), times lr; inf where not reached within `steps`.
 
-    Reruns the descent theta <- theta - lr grad L (optax.sgd) carrying the first-hit
-    index of every target; the iterates are those of `polarize.descend` up to rounding
-    (descend may step in reduced coordinates), so an index can differ only where an
-    iterate lies within rounding of a level. NaN where an iterate went non-finite.
+    The hits are those `polarize.descend` tracks on its own iterates
+    (`descend_with_hitting_times`, saving only the last step). NaN where an iterate went
+    non-finite.
     """
-    targets = Targets.of(levels, loss_fraction)
-    levels = check_levels(levels)
-    if not lr > 0:
-        raise PolarizeError(f"`lr` must be a positive finite number; got {lr!r}")
-    steps = int(steps)
-    names = time_names(levels, loss_fraction)
-    first, ok = _descent_first(model, objective, optax.sgd(lr), steps, targets)
-    times = jnp.where(first >= 0, first * lr, jnp.inf)
-    times = jnp.where(ok[..., None], times, jnp.nan)
-    return {name: times[..., j] for j, name in enumerate(names)}
-
-
-@eqx.filter_jit
-@exact_matmuls
-def _descent_first(model, objective, optimizer, steps, targets):
-    def run_one(model, objective):
-        theta = tuple(getattr(model, n) for n in model.trainable)
-        values = targets.levels(model, objective)
-
-        def check(first, theta, k):
-            m = with_params(model, theta)
-            hit = targets.from_observed(m.weights(), objective(m()), values) >= 0
-            return jnp.where((first < 0) & hit, k, first)
-
-        def step(carry, k):
-            theta, opt_state, first = carry
-            first = check(first, theta, k)
-            grads = jax.grad(lambda y: objective(with_params(model, y)()))(theta)
-            updates, opt_state = optimizer.update(grads, opt_state, theta)
-            return (optax.apply_updates(theta, updates), opt_state, first), None
-
-        first = -jnp.ones(targets.kinds.shape, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
-        carry = (theta, optimizer.init(theta), first)
-        (theta, _, first), _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=first.dtype))
-        first = check(first, theta, jnp.asarray(steps, first.dtype))
-        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in theta]))
-        return first, ok
-
-    return over_inits(run_one, model, objective)
+    lr = check_positive("lr", lr)
+    options = dict(steps=steps, levels=levels, loss_fraction=loss_fraction, save_at=[steps])
+    return descend_with_hitting_times(model, objective, lr, **options)[1]

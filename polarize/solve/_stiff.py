@@ -91,7 +91,7 @@ class KroneckerSchur(AbstractStageSolve):
     """State (M, a) with dM/dt = e(M s, a) s^T and s = `weights(y, args)`: see the module docstring.
 
     Exact when the field has that form (every `ValueAttention` path but "reduced");
-    `tests/test_stiff.py` checks it against `Dense`.
+    `tests/solve/test_stiff.py` checks it against `Dense`.
     """
 
     weights: object = eqx.field(static=True)  # (y, args) -> s

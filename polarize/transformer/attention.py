@@ -1,6 +1,6 @@
 """Attention maps: weights `A[h, i, j]` from queries and keys under a mask.
 
-The map from scores to weights is a `polarize.normalizations` normalization wherever it
+The map from scores to weights is a normalization of `polarize.core` wherever it
 is the same function (softmax, softmax1, sigmoid, sigmoid-norm, sparsemax, the identity);
 this module adds only what attention needs on top: the mask, feature kernels on q and k
 (`elu + 1`, an MLP), a uniform map and the row rescalings of the paper's code.

@@ -142,7 +142,7 @@ def test_stiff_flow_gradient_matches_fd_until_long_after_convergence():
     """The stiff default (cross-entropy: Rosenbrock, linear clock) at t1 = 20 and t1 = 1e4.
 
     One compiled program for both (t1 is an input): the default cross-entropy pair of
-    the test above, and the long-horizon check that tests/test_stiff.py used to compile
+    the test above, and the long-horizon check that tests/solve/test_stiff.py used to compile
     separately (the loss has converged long before t = 1e4; the solve is stiff there).
     """
     x = inputs("cross-entropy", "softmax")

@@ -15,7 +15,7 @@ import polarize as pz
 from polarize.cli import main
 
 ARGS = ["--tokens", "4", "--dim", "3", "--t1", "1e3", "--n-save", "8", "--no-progress"]
-ENV = {**os.environ, "POLARIZE_NO_CACHE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+ENV = {**os.environ, "POLARIZE_NO_CACHE": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
 
 
 def per_init(folder) -> dict:
@@ -109,7 +109,7 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
         sweep, "measure", lambda c, m, o, **k: pieces.append(m.batch_size) or measure(c, m, o, **k)
     )
     config = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=5120, chunk_size=2048, block_size=128)
-    monkeypatch.setattr(sweep, "PIECE", 1024)  # CPU pieces: the chunk would run as two
+    monkeypatch.setattr(sweep, "AT_ONCE_CPU", 1024)  # CPU runs of blocks: the chunk would run as two
     got = sweep.run_chunk(config, 2048, 4096)
     assert pieces == [128] * 16
     series = np.load(reference / "series.npz")

@@ -31,7 +31,7 @@ ARGS = [
     "--chunk-size",
     "128",
 ]
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def _env(cache: Path, **extra) -> dict:

@@ -100,7 +100,7 @@ def test_flow_paths_agree(norm, objective):
     obj = objectives(5)[objective]
     paths = ["autodiff", "analytic"] + (["reduced"] if objective == "logistic" else [])
     # One explicit high-order solver for every path: the paths are compared, not the solvers
-    # (the stiff default is order 3, and slow at rtol 1e-12; tests/test_stiff.py covers it).
+    # (the stiff default is order 3, and slow at rtol 1e-12; tests/solve/test_stiff.py covers it).
     tight = dict(rtol=1e-12, atol=1e-14, solver=diffrax.Tsit5())
     trajs = [pz.flow(model, obj, t1=50.0, n_save=8, path=p, **tight) for p in paths]
     for tr in trajs[1:]:

@@ -61,7 +61,7 @@ def test_span_flow_agrees_with_autodiff(norm, kind):
     """The span and autodiff fields give the same path, both solved by one explicit high-order solver.
 
     (The paths are compared, not the solvers: the stiff default is order 3 and slow at
-    rtol 1e-12; tests/test_stiff.py checks its span-form Jacobian solve.)
+    rtol 1e-12; tests/solve/test_stiff.py checks its span-form Jacobian solve.)
     """
     m, obj = ensemble(norm), data_objective(kind)
     kw = dict(t1=30.0, n_save=6, rtol=1e-12, atol=1e-14, solver=diffrax.Tsit5())

@@ -222,7 +222,7 @@ def test_unfinished_init_is_reported_not_averaged():
 
 
 # The gradient through the stiff default against finite differences, to t = 1e4 (long
-# after the loss converged), is tests/test_gradients.py::
+# after the loss converged), is tests/measure/test_gradients.py::
 # test_stiff_flow_gradient_matches_fd_until_long_after_convergence (one compiled program
 # with its t = 20 check).
 

@@ -1,0 +1,171 @@
+"""Discrete descent: GD tracks the flow at O(lr), optimizers run per initialization, divergence is flagged."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import polarize as pz
+
+
+def test_gd_error_against_flow_is_first_order_in_lr():
+    model = pz.init_ensemble(0, 8, tokens=5, dim=4, v_scale=0.5)
+    obj = pz.random_direction(1, 4)
+    horizon = 20.0
+    ref = pz.flow(model, obj, t1=horizon, ts=[0.0, horizon], rtol=1e-12, atol=1e-14)
+    lrs = np.array([0.08, 0.04, 0.02, 0.01])
+    errors = []
+    for lr in lrs:
+        traj = pz.descend(
+            model, obj, float(lr), steps=int(round(horizon / lr)), save_at=[0, int(round(horizon / lr))]
+        )
+        assert np.isclose(float(traj.ts[-1]), horizon)
+        errors.append(float(jnp.max(jnp.abs(traj.weights[:, -1] - ref.weights[:, -1]))))
+    slope = np.polyfit(np.log(lrs), np.log(errors), 1)[0]
+    assert 0.9 < slope < 1.1, (slope, errors)
+
+
+def test_descend_equals_python_loop():
+    """The scanned, vmapped loop equals plain per-initialization Python steps."""
+    model = pz.init_ensemble(3, 3, tokens=4, dim=3, v_scale=0.5, a_scale=0.3)
+    obj = pz.conditioned_regression(0, 3, 3, 2.0)
+    opt = optax.adam(0.05)
+    traj = pz.descend(model, obj, opt, steps=7, save_at=[0, 3, 7])
+    for i in range(3):
+        theta = (model.V[i], model.a[i])
+        state = opt.init(theta)
+        saved = {0: theta}
+        for k in range(1, 8):
+            m = pz.ValueAttention(*theta, model.norm)
+            grads = pz.fields.gradient(m, obj)
+            updates, state = opt.update(grads, state, theta)
+            theta = optax.apply_updates(theta, updates)
+            saved[k] = theta
+        for j, k in enumerate([0, 3, 7]):
+            np.testing.assert_allclose(traj.V[i, j], saved[k][0], rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(traj.a[i, j], saved[k][1], rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(traj.steps, [0, 3, 7])
+    np.testing.assert_array_equal(traj.ts, [0, 3, 7])  # no lr given: time is the step index
+
+
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.05, momentum=0.9), optax.adam(0.01)])
+def test_momentum_and_adam_polarize_softmax(optimizer):
+    model = pz.init_ensemble(0, 16, tokens=6, dim=6)
+    traj = pz.descend(model, pz.random_direction(1, 6), optimizer, steps=3000, n_save=8)
+    s = pz.summarize(traj, pz.random_direction(1, 6))
+    assert s.aggregates["n_failed"] == 0
+    assert s.aggregates["median_max_weight"] > 0.8
+
+
+def test_divergence_is_flagged_per_initialization():
+    model = pz.init_ensemble(0, 4, tokens=3, dim=3, v_scale=0.1)
+    V = model.V.at[1].multiply(10.0)  # lr 2 is unstable for this init only
+    model = pz.ValueAttention(V, model.a)
+    obj = pz.Square(None, jnp.ones(3))
+    traj = pz.descend(model, obj, 2.0, steps=1000, n_save=4)
+    assert list(np.asarray(traj.ok)) == [True, False, True, True]
+    assert list(np.asarray(traj.status)) == [pz.status.OK, pz.status.NONFINITE, pz.status.OK, pz.status.OK]
+    summary = pz.summarize(traj, obj)
+    assert summary.aggregates["n_failed"] == 1
+
+
+def test_bad_descend_arguments():
+    model = pz.init_ensemble(0, 2, tokens=3, dim=2)
+    obj = pz.random_direction(0, 2)
+    with pytest.raises(pz.PolarizeError, match="`steps` must be a positive integer"):
+        pz.descend(model, obj, 0.1, steps=0)
+    with pytest.raises(pz.PolarizeError, match="`lr` must be a positive finite number"):
+        pz.descend(model, obj, -0.1, steps=3)
+    with pytest.raises(pz.PolarizeError, match="`optimizer` must be an optax GradientTransformation"):
+        pz.descend(model, obj, "adam", steps=3)
+
+
+# First hits of hitting-time targets, tracked by descent on its own iterates.
+
+LEVELS, LOSS_FRACTION = (0.2, 0.5, 0.9, 0.999), 0.05  # 0.2 < 1/4: reached at the start
+
+
+def _first_hits_by_hand(model, obj, optimizer, steps):
+    """The first step index reaching each target, one initialization at a time: optax
+    steps on (V, a) with `jax.grad`, weights and loss read from the rebuilt model."""
+    first = np.full((model.V.shape[0], len(LEVELS) + 1), -1)
+    for i in range(model.V.shape[0]):
+        theta = (model.V[i], model.a[i])
+        state = optimizer.init(theta)
+
+        @jax.jit
+        def step(theta, state):
+            grads = pz.fields.gradient(pz.ValueAttention(*theta, model.norm), obj)
+            updates, state = optimizer.update(grads, state, theta)
+            return optax.apply_updates(theta, updates), state
+
+        loss0 = None
+        for k in range(steps + 1):
+            m = pz.ValueAttention(*theta, model.norm)
+            w, loss = np.asarray(m.weights()), float(obj(m()))
+            loss0 = loss if loss0 is None else loss0
+            reached = [np.max(np.abs(w) / np.sum(np.abs(w))) >= lv for lv in LEVELS]
+            reached.append(loss <= LOSS_FRACTION * loss0)
+            first[i] = np.where((first[i] < 0) & np.array(reached), k, first[i])
+            theta, state = step(theta, state)
+    return first
+
+
+@pytest.mark.parametrize(
+    "objective, optimizer, path",
+    [
+        ("direction", 0.5, "auto"),  # plain GD in the reduced coordinates (u, a)
+        ("direction", 0.5, "autodiff"),
+        ("regression", 0.3, "auto"),  # plain GD in the data's span (W, a)
+        ("direction", optax.sgd(0.2, momentum=0.9), "auto"),  # per-leaf optimizer state
+    ],
+)
+def test_descend_first_hits_equal_a_python_loop(objective, optimizer, path):
+    """descend(..., targets=...) against hand-written steps, checked at k = 0..steps;
+    the trajectory stays the one without targets, bit for bit."""
+    from polarize.solve._options import Targets
+
+    model = pz.init_ensemble(2, 3, tokens=4, dim=3, v_scale=0.5)
+    obj = pz.random_direction(1, 3) if objective == "direction" else pz.conditioned_regression(0, 2, 3, 2.0)
+    steps = 150
+    targets = Targets.of(LEVELS, LOSS_FRACTION)
+    # saved steps end before `steps`: the hits are still tracked to the end
+    options = dict(steps=steps, save_at=[0, 5, 12], path=path)
+    traj, first = pz.descend(model, obj, optimizer, **options, targets=targets)
+    plain = pz.descend(model, obj, optimizer, **options)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(traj)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sgd = optax.sgd(optimizer) if isinstance(optimizer, float) else optimizer
+    expected = _first_hits_by_hand(model, obj, sgd, steps)
+    assert first.shape == (3, len(LEVELS) + 1)
+    np.testing.assert_array_equal(first, expected)
+    assert (expected[:, 0] == 0).all() and (expected > 12).any()  # at the start; past the last save
+    assert (expected[:, 3] == -1).all()  # never reached
+
+
+def test_first_hits_do_not_depend_on_block_size_batch_or_threads(monkeypatch):
+    from polarize.solve._descent import descend_with_hitting_times
+    from polarize.solve._options import Targets
+
+    model = pz.init_ensemble(4, 10, tokens=5, dim=4, v_scale=0.5)
+    obj = pz.random_direction(3, 4)
+    targets = Targets.of((0.5, 0.9), 0.1)
+    run = lambda m, **kw: pz.descend(m, obj, 0.5, steps=400, n_save=6, targets=targets, **kw)
+    traj, first = run(model, block_size=4)
+    assert (first >= 0).any() and (first < 0).any()
+    for block_size in (3, 16):
+        np.testing.assert_array_equal(run(model, block_size=block_size)[1], first)
+    part = lambda i: pz.ValueAttention(model.V[i], model.a[i], model.norm)
+    np.testing.assert_array_equal(run(part(slice(2, 5)), block_size=4)[1], first[2:5])
+    np.testing.assert_array_equal(run(part(7))[1], first[7])  # one unbatched initialization
+    monkeypatch.setenv("POLARIZE_THREADS", "2")  # chunks of blocks side by side in threads
+    threaded, first_threaded = run(model, block_size=4)
+    np.testing.assert_array_equal(first_threaded, first)
+    plain = pz.descend(model, obj, 0.5, steps=400, n_save=6, block_size=4)
+    np.testing.assert_array_equal(threaded.V, plain.V)
+    # the hitting times are those indices x lr (inf: never reached)
+    _, times = descend_with_hitting_times(model, obj, 0.5, steps=400, levels=(0.5, 0.9), loss_fraction=0.1)
+    assert list(times) == ["time_to_0.5", "time_to_0.9", "time_to_loss_0.1"]
+    for j, name in enumerate(times):
+        np.testing.assert_array_equal(times[name], np.where(first[:, j] >= 0, first[:, j] * 0.5, np.inf))
