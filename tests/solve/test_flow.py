@@ -260,3 +260,42 @@ def test_initialization_indices_out_of_range_are_refused(start):
         pz.init_ensemble(0, 3, tokens=2, dim=2, start=start)
     with pytest.raises(pz.PolarizeError, match="`start` must be an integer"):
         pz.init_keys(0, 3, start=start)
+
+
+def test_solve_options_resolve_every_default_once():
+    """`SolveOptions.resolved` decides solver, clock, adjoint, times and ends_only for the problem."""
+    from polarize.core.fields import prepare
+    from polarize.solve import _stiff
+
+    def resolved(model, objective, **kw):
+        model, objective, field = prepare(model, objective)
+        return pz.SolveOptions(**kw).resolved(model, objective, field)
+
+    toy = pz.init_ensemble(0, 4, tokens=3, dim=3), pz.random_direction(1, 3)
+    o = resolved(*toy, t1=1e5)
+    assert isinstance(o.solver, diffrax.Tsit5) and o.clock == "log" and o.block_size == 128
+    assert isinstance(o.adjoint, diffrax.RecursiveCheckpointAdjoint) and not o.ends_only
+    np.testing.assert_array_equal(o.ts, pz.save_times(1e5, 64))
+    assert resolved(*toy, t1=1e5, n_save=2).ends_only and not resolved(*toy, t1=1e5, ts=[0, 1e5]).ends_only
+    square = pz.init_ensemble(0, 4, tokens=3, dim=3), pz.conditioned_regression(2, 3, 3, 3.0)
+    stiff = resolved(*square, t1=1e6)
+    assert isinstance(stiff.solver, _stiff.Rosenbrock) and stiff.clock == "linear"
+    short = resolved(*square, t1=1.0)
+    assert isinstance(short.solver, diffrax.Tsit5) and short.clock == "linear"
+    given = pz.SolveOptions(t1=1e6, solver=diffrax.Dopri5())
+    assert isinstance(given.restart_solver(), diffrax.Dopri5)
+    assert isinstance(pz.SolveOptions(t1=1e6).restart_solver(), diffrax.Tsit5)  # not the stiff default
+    with pytest.raises(pz.PolarizeError, match="`clock` must be one of"):
+        pz.SolveOptions(t1=1.0, clock="tau")
+    with pytest.raises(pz.PolarizeError, match="`block_size`"):
+        pz.SolveOptions(t1=1.0, block_size=0)
+
+
+def test_a_sweep_config_turns_into_the_flows_options():
+    """`SweepConfig.solve_options` carries the config's settings and targets to the solver unchanged."""
+    config = pz.SweepConfig(t1=3e4, rtol=1e-7, atol=1e-9, max_steps=5000, n_save=16, solver="dopri5")
+    o = config.solve_options()
+    assert (o.t1, o.rtol, o.atol, o.max_steps, o.n_save, o.block_size) == (3e4, 1e-7, 1e-9, 5000, 16, 128)
+    assert isinstance(o.solver, diffrax.Dopri5)
+    np.testing.assert_array_equal(o.targets.values, [0.5, 0.9, 0.99, 1e-3])
+    np.testing.assert_array_equal(o.targets.kinds, [0, 0, 0, 1])
