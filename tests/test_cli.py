@@ -203,7 +203,7 @@ def test_the_cli_cache_keeps_programs_however_quick_their_compile(tmp_path):
     # a fresh process (the cache settings are process-wide): one small eager check,
     # ~20 ms to compile, must land in the cache, as the ~40 of a sweep's start do
     code = (
-        "from polarize.devices import enable_compilation_cache\n"
+        "from polarize.solve._devices import enable_compilation_cache\n"
         "enable_compilation_cache()\n"
         "import jax.numpy as jnp\n"
         "bool(jnp.any(~jnp.isfinite(jnp.arange(3.0))))\n"

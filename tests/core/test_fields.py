@@ -1,4 +1,4 @@
-"""The vector fields of `polarize.fields`: replicator form, exact forms agreeing, modified field."""
+"""The vector fields of `polarize.core.fields`: replicator form, exact forms agreeing, modified field."""
 
 import diffrax
 import jax

@@ -130,12 +130,12 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
     assert jax.local_device_count() == 1, jax.devices()
     script = (
         "import jax, numpy as np, sys; jax.config.update('jax_enable_x64', True)\n"
-        "from polarize.config import SweepConfig\n"
-        "from polarize.sweep import run_chunk\n"
+        "from polarize.runs._config import SweepConfig\n"
+        "from polarize.runs._sweep import run_chunk\n"
         "c = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=300)\n"
         "assert jax.local_device_count() == 2, jax.devices()\n"
         "np.savez(sys.argv[1], **run_chunk(c, 0, 300))\n"
-        "from polarize.devices import _sharded\n"
+        "from polarize.solve._devices import _sharded\n"
         "run_chunk(c, 300, 600)  # the next chunk reuses the compiled sharded program\n"
         "info = _sharded.cache_info()\n"
         "assert info.misses == 1 and info.hits >= 1, info\n"
