@@ -1,6 +1,11 @@
 """The `polarize` command: a thin layer that parses, validates and calls the public API.
 
 Bad input ends with one line `polarize: error: ...` and exit status 2, no traceback.
+
+Each command runs in two steps: `args.func(args)` parses and validates every argument
+without JAX (the config, the study file, the folder to resume) and returns the job;
+then JAX starts (`_start_jax`) and the job runs. The modules that compute are imported
+in the job: `polarize --help` and a bad argument answer before JAX is loaded.
 """
 
 import argparse
@@ -9,14 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-
-from .core import NORMALIZATIONS, PolarizeError
-from .runs import SweepConfig, load_study, report, run_study, run_sweep
-from .runs._config import METHODS, OBJECTIVES, SOLVERS
-from .runs._folder import stored_config
-from .runs._results import failed_too_many, failure_line, result_line
-from .solve._devices import enable_compilation_cache, start_distributed
+from .core._choices import NORMALIZATION_NAMES
+from .core._errors import PolarizeError
+from .runs._config import METHODS, OBJECTIVES, SOLVERS, SweepConfig
+from .runs._folder import folder_kind, stored_config
+from .runs._study_file import load_study
 from .transformer.cli import add_subcommands
 
 
@@ -42,7 +44,7 @@ def _add_sweep(sub) -> None:
         p.add_argument(flag, type=kind, default=None, help=f"{help} (default {default})".strip(), **kw)
 
     add("--objective", str, f"one of {', '.join(OBJECTIVES)}")
-    add("--norm", str, f"one of {', '.join(NORMALIZATIONS)}")
+    add("--norm", str, f"one of {', '.join(NORMALIZATION_NAMES)}")
     add("--temperature", float, "softmax temperature")
     add("--sink", float, "softmax1 sink logit c")
     add("--tokens", int, "T, number of tokens")
@@ -91,8 +93,7 @@ def _add_distributed(p) -> None:
     )
 
 
-def _sweep(args) -> int:
-    _start_distributed(args)
+def _sweep(args):
     names = {f.name for f in dataclasses.fields(SweepConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     if args.resume is not None:
@@ -103,6 +104,13 @@ def _sweep(args) -> int:
     else:
         out = args.out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
         config = SweepConfig(**given)
+    return lambda: _run_sweep(args, config, out)
+
+
+def _run_sweep(args, config: SweepConfig, out: Path) -> int:
+    from .runs import run_sweep
+    from .runs._results import failed_too_many, failure_line, result_line
+
     summary = run_sweep(
         config,
         out,
@@ -121,11 +129,6 @@ def _sweep(args) -> int:
     return 1 if failed_too_many(summary) else 0
 
 
-def _start_distributed(args) -> None:
-    if getattr(args, "distributed", False):
-        start_distributed()
-
-
 def _add_report(sub) -> None:
     p = sub.add_parser(
         "report",
@@ -136,8 +139,15 @@ def _add_report(sub) -> None:
     p.set_defaults(func=_report)
 
 
-def _report(args) -> int:
-    for path in report(args.dir):
+def _report(args):
+    folder_kind(args.dir)
+    return lambda: _run_report(args.dir)
+
+
+def _run_report(folder: Path) -> int:
+    from .runs import report
+
+    for path in report(folder):
         print(path)
     return 0
 
@@ -156,10 +166,17 @@ def _add_study(sub) -> None:
     p.set_defaults(func=_study)
 
 
-def _study(args) -> int:
-    _start_distributed(args)
+def _study(args):
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
+    return lambda: _run_study(args, study, out)
+
+
+def _run_study(args, study, out: Path) -> int:
+    import jax
+
+    from .runs import run_study
+
     result = run_study(study, out, progress=not args.no_progress)
     if jax.process_index() != 0:
         return 0
@@ -187,13 +204,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _start_jax(args) -> None:
+    """JAX in float64 with the persistent compilation cache (and, with --distributed, its
+    processes joined): the first import of JAX, once the arguments are valid."""
+    import jax
+
+    from .solve._devices import enable_compilation_cache, start_distributed
+
+    jax.config.update("jax_enable_x64", True)
+    enable_compilation_cache()
+    if getattr(args, "distributed", False):
+        start_distributed()
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        jax.config.update("jax_enable_x64", True)
-        enable_compilation_cache()
-        return args.func(args)
+        job = args.func(args)  # validated without JAX
+        _start_jax(args)
+        return job()
     except PolarizeError as e:
         print(f"polarize: error: {e}", file=sys.stderr)
         return 2

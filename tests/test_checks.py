@@ -97,8 +97,8 @@ def test_reduced_field_holds_for_a_direction_of_any_length():
 def test_checks_on_concrete_values_compile_no_program():
     """Concrete values are checked with numpy on the host: a fresh process used to compile
     one small XLA program per check and shape (~20 at a sweep's start, 20-60 ms each)."""
-    from polarize.core._errors import refuse_if
     from polarize.core._models import finite
+    from polarize.core._refuse import refuse_if
 
     compiled, listening = [], [True]
 

@@ -233,3 +233,54 @@ def test_the_cli_starts_without_the_transformer_labs_imports():
         "    raise AssertionError('no AttributeError')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_help_and_bad_input_answer_before_jax_is_imported(tmp_path):
+    # every command validates its arguments without JAX (the package's names load on first use)
+    study = tmp_path / "bad.toml"
+    study.write_text('[grid]\nkappa = [1.0]\n[plot]\ny = "no_such_statistic"\n')
+    cases = [
+        (["--help"], 0, "COMMAND"),
+        (["sweep", "--help"], 0, "--inits"),
+        (["sweep", "--norm", "nope"], 2, "`norm` must be one of softmax"),
+        (["sweep", "--levels", "2"], 2, "`levels` must be numbers in (0, 1]"),
+        (["sweep", "--resume", str(tmp_path / "none")], 2, "polarize: error:"),
+        (["study", str(study)], 2, "is not a statistic"),
+        (["report", str(tmp_path)], 2, "is neither a sweep folder"),
+        (["sinks", str(tmp_path / "none.npz")], 2, "must be an existing .npz file"),
+        (["induction", "--out", str(tmp_path / "i"), "--heads", "two"], 2, "`--heads` must be"),
+    ]
+    code = (
+        "import sys, contextlib, io\n"
+        "import polarize as pz\n"
+        "from polarize.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+        "    try:\n"
+        "        code = main(sys.argv[1:])\n"
+        "    except SystemExit as e:\n"
+        "        code = e.code\n"
+        "heavy = ('jax', 'diffrax', 'equinox', 'optax', 'matplotlib', 'pandas')\n"
+        "loaded = [m for m in heavy if m in sys.modules]\n"
+        "print(code, loaded, out.getvalue())\n"
+    )
+    for args, expected, text in cases:
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+        assert proc.stdout.startswith(f"{expected} [] "), (args, proc.stdout[:500])
+        assert text in proc.stdout, (args, proc.stdout[:500])
+    assert not (tmp_path / "i").exists()
+
+
+def test_the_public_names_load_on_first_use():
+    # `import polarize` is cheap; each name resolves to its module's object, and dir() lists them all
+    code = (
+        "import sys\n"
+        "import polarize as pz\n"
+        "assert 'jax' not in sys.modules\n"
+        "from polarize.solve._flow import flow\n"
+        "assert pz.flow is flow and pz.solve.flow is flow\n"
+        "assert set(pz.__all__) <= set(dir(pz))\n"
+        "missing = [n for n in pz.__all__ if getattr(pz, n, None) is None]\n"
+        "assert not missing, missing\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -9,7 +9,6 @@ CLI's `main` and must exit with status 0, and a ```toml block whose first line i
 every public name of `polarize`, and that the README stays a short manual.
 """
 
-import ast
 import re
 import shlex
 from pathlib import Path
@@ -33,19 +32,10 @@ def blocks(page: Path) -> list[tuple[str, str]]:
 
 
 def public_names() -> list[str]:
-    """Every name bound in polarize/__init__.py that does not start with `_`."""
-    tree = ast.parse((ROOT / "polarize" / "__init__.py").read_text())
-    names = []
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names += [(a.asname or a.name).split(".")[0] for a in node.names]
-        elif isinstance(node, ast.Assign):
-            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
-            names.append(node.target.id)
-        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
-            names.append(node.name)
-    return sorted({n for n in names if not n.startswith("_")})
+    """Every name `polarize` exports (its `__all__`, which `dir(polarize)` lists)."""
+    import polarize
+
+    return sorted(polarize.__all__)
 
 
 def test_pages_exist():

@@ -26,12 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._choices import BLOCK_SIZE
 from ._errors import PolarizeError, check_choice, check_positive
 
 Precision = Literal["float32", "float64"]
-
-#: Initializations per vmapped block (part of a result's identity: keep it fixed).
-BLOCK_SIZE = 128
 
 
 def block_size_or_default(block_size: int | None) -> int:

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._errors import PolarizeError, check_positive, refuse_if
+from ._errors import PolarizeError, check_positive
 from ._normalizations import AbstractNormalization, Softmax, normalization
+from ._refuse import refuse_if
 
 
 def finite(name: str, x: Array) -> Array:

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ._errors import PolarizeError, check_choice, refuse_if, shown
+from ._choices import NORMALIZATION_NAMES
+from ._errors import PolarizeError, check_choice
+from ._refuse import refuse_if, shown
 
 
 class AbstractNormalization(eqx.Module):
@@ -248,6 +250,7 @@ NORMALIZATIONS: dict[str, type[AbstractNormalization]] = {
     "softmax1": Softmax1,
     "sparsemax": Sparsemax,
 }
+assert tuple(NORMALIZATIONS) == NORMALIZATION_NAMES, "the registry holds the names the CLI checks"
 
 
 def normalization(name: str | AbstractNormalization, **options) -> AbstractNormalization:

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._errors import PolarizeError, check_positive, refuse_if
+from ._errors import PolarizeError, check_positive
 from ._models import as_key, finite
+from ._refuse import refuse_if
 
 
 class AbstractObjective(eqx.Module):

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._errors import PolarizeError, refuse_if, shown
+from ._errors import PolarizeError
+from ._refuse import refuse_if, shown
 
 
 def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:

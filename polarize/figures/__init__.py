@@ -1,4 +1,13 @@
 """Figures of sweeps and studies, drawn from stored results only (matplotlib, loaded on first use)."""
 
-from ._study import plot_study as plot_study
-from ._sweep import sweep_figures as sweep_figures
+import lazy_loader
+
+# Each name is imported from its module on first use (`import polarize` loads no JAX).
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=[],
+    submod_attrs={
+        "_study": ["plot_study"],
+        "_sweep": ["sweep_figures"],
+    },
+)

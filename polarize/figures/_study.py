@@ -4,14 +4,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core._choices import PER_INIT
 from ..measure._statistics import quantile
 from ._pyplot import pyplot
 from ._sweep import empty_figure, one_hot_fraction
 
-#: Per-initialization statistics a study can plot (besides time_to_* of the cell's levels).
-PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C", "rate_drift")
-#: Ensemble fractions from summary.json a study can plot (besides fraction_reached_*).
-FRACTIONS = ("one_hot_fraction", "order_preserved_fraction", "winner_is_argmax_u0_fraction")
 #: Grid keys that count as replication (pooled in figures).
 REPLICATES = ("seed",)
 

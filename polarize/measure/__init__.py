@@ -1,17 +1,14 @@
 """What is measured of trajectories: polarization statistics, rates, differentiable statistics, sinks."""
 
-from . import sinks as sinks
-from ._grads import (
-    ADJOINTS as ADJOINTS,
-    adjoint as adjoint,
-    final_entropy as final_entropy,
-    final_loss as final_loss,
-    final_max_weight as final_max_weight,
-)
-from ._rates import logistic_rate as logistic_rate
-from ._statistics import (
-    Summary as Summary,
-    aggregate as aggregate,
-    quantile as quantile,
-    summarize as summarize,
+import lazy_loader
+
+# Each name is imported from its module on first use (`import polarize` loads no JAX).
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=["sinks"],
+    submod_attrs={
+        "_grads": ["ADJOINTS", "adjoint", "final_entropy", "final_loss", "final_max_weight"],
+        "_rates": ["logistic_rate"],
+        "_statistics": ["Summary", "aggregate", "quantile", "summarize"],
+    },
 )

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SINK_EPS = 0.3
+from ..core._choices import SINK_EPS
 
 
 def _xp(a):

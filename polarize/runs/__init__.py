@@ -1,8 +1,18 @@
 """Runs on disk: a sweep's config, its resumable run folder, the runner, results, studies, reports."""
 
-from ._config import SweepConfig as SweepConfig
-from ._load import load as load
-from ._report import report as report
-from ._results import Run as Run
-from ._study import StudyResult as StudyResult, load_study as load_study, run_study as run_study
-from ._sweep import run_sweep as run_sweep
+import lazy_loader
+
+# Each name is imported from its module on first use (`import polarize` loads no JAX).
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=[],
+    submod_attrs={
+        "_config": ["SweepConfig"],
+        "_load": ["load"],
+        "_report": ["report"],
+        "_results": ["Run"],
+        "_study": ["StudyResult", "run_study"],
+        "_study_file": ["load_study"],
+        "_sweep": ["run_sweep"],
+    },
+)

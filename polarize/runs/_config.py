@@ -1,47 +1,45 @@
-"""A sweep's settings, and the one place where its strings become objects.
+"""A sweep's settings: `SweepConfig`, its defaults, its checks and the names it accepts.
 
 `SweepConfig` names everything that determines a sweep's numbers. Each family of
-names has one registry, name -> builder (`OBJECTIVES`, `SOLVERS`, `METHODS`, and
-`polarize.NORMALIZATIONS`); the CLI lists the same keys, and
-`SweepConfig.build_objective()`, `.build_solver()`, `.build_model()` build the objects the runner
-uses. Nothing else turns a setting into an object.
+names is listed once (`OBJECTIVES`, `SOLVERS`, `METHODS` here, the normalizations in
+`core._choices`); the CLI lists the same names, and `SweepConfig.build_objective()`,
+`.build_solver()`, `.build_model()` build the objects the runner uses (`_build`, the
+one place a setting turns into an object).
 
 Randomness: the target/data come from fold_in(key(seed), 2) and initialization i
 from fold_in(fold_in(key(seed), 1), i), so every number is a function of
 (config, i) alone, whatever the chunking.
+
+This module imports no JAX: the CLI builds and validates a `SweepConfig` before JAX
+is loaded (`polarize --help` and every bad argument answer in a fraction of JAX's
+import time). The builders import the numerics on first use; the registries of
+builders are in `_build`, and hold exactly the names listed here.
 """
 
 import dataclasses
 
-import diffrax
-import jax
 import numpy as np
 
-from ..core._batching import BLOCK_SIZE
-from ..core._errors import PolarizeError, check_choice, check_positive
-from ..core._models import ValueAttention, as_key, init_ensemble
-from ..core._normalizations import NORMALIZATIONS, AbstractNormalization, normalization
-from ..core._objectives import (
-    AbstractObjective,
-    conditioned_regression,
-    peaked_distribution,
-    random_direction,
-    random_labels,
+from ..core._choices import (
+    BLOCK_SIZE,
+    LEVELS,
+    LOSS_FRACTION,
+    NORMALIZATION_NAMES,
+    check_levels,
+    time_names,
 )
-from ..core._times import save_times
-from ..solve._descent import save_steps
-from ..solve._options import LEVELS, LOSS_FRACTION, SolveOptions, Targets, check_levels, time_names
+from ..core._errors import PolarizeError, check_choice, check_positive
 
-#: objective name -> builder(key, config): the sweep's target, shared by every initialization.
+#: objective name -> what the sweep's target is (built by `_build.OBJECTIVES`).
 OBJECTIVES = {
-    "logistic": lambda key, c: random_direction(key, c.dim),
-    "logistic-data": lambda key, c: random_labels(key, c.samples or 4 * c.dim, c.dim),
-    "square": lambda key, c: conditioned_regression(key, c.samples or c.dim, c.dim, c.kappa),
-    "cross-entropy": lambda key, c: peaked_distribution(key, c.dim),
+    "logistic": "logistic loss toward a random unit direction",
+    "logistic-data": "logistic loss on random labelled data (samples, default 4 d)",
+    "square": "square loss on a regression with condition number kappa",
+    "cross-entropy": "cross-entropy toward a peaked distribution",
 }
-#: solver name -> diffrax solver class; "auto" is `flow`'s default (stiff objectives get
-#: the Rosenbrock-W method of `polarize.solve._stiff`, the rest Tsit5).
-SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
+#: solver names; "auto" is `flow`'s default (stiff objectives get the Rosenbrock-W
+#: method of `polarize.solve._stiff`, the rest Tsit5); the others are diffrax's.
+SOLVERS = ("auto", "tsit5", "dopri5", "kvaerno5")
 #: method name -> what it integrates.
 METHODS = {"flow": "exact gradient flow (diffrax)", "gd": "plain gradient descent at lr (optax.sgd)"}
 #: objectives with a logistic tail, where `rate_C` is fitted.
@@ -90,7 +88,7 @@ class SweepConfig:
 
     def __post_init__(self):
         check_choice("objective", self.objective, OBJECTIVES)
-        check_choice("norm", self.norm, NORMALIZATIONS)
+        check_choice("norm", self.norm, NORMALIZATION_NAMES)
         check_choice("method", self.method, METHODS)
         check_choice("solver", self.solver, SOLVERS)
         ints = ("tokens", "dim", "inits", "steps", "max_steps", "n_save", "snapshots")
@@ -128,59 +126,52 @@ class SweepConfig:
         """This config with `chunk_size` and `block_size` left at None set for JAX's default
         backend (`SIZES`): what a sweep stores in config.json, so a resumed run (on any
         backend) keeps the blocks its numbers were computed in."""
+        import jax  # the first use of JAX: see the module doc
+
         sizes = SIZES.get(jax.default_backend(), ACCELERATOR_SIZES)
         return dataclasses.replace(self, **{k: getattr(self, k) or v for k, v in sizes.items()})
 
-    # -- the objects a sweep is made of ------------------------------------------------
+    # -- the objects a sweep is made of (`_build`, imported on first use) ---------------
 
-    def build_norm(self) -> AbstractNormalization:
-        options = {"softmax": {"temperature": self.temperature}, "softmax1": {"sink": self.sink}}
-        return normalization(self.norm, **options.get(self.norm, {}))
+    def build_norm(self):
+        """The `AbstractNormalization` of `norm`, with its temperature or sink."""
+        from . import _build
 
-    def build_objective(self) -> AbstractObjective:
-        """The sweep's target, shared by every initialization, from fold_in(key(seed), 2)."""
-        return OBJECTIVES[self.objective](jax.random.fold_in(as_key(self.seed), 2), self)
+        return _build.norm(self)
 
-    def build_solver(self) -> diffrax.AbstractSolver | None:
-        """The solver, or None for `flow`'s default."""
-        cls = SOLVERS[self.solver]
-        return None if cls is None else cls()
+    def build_objective(self):
+        """The sweep's target, an `AbstractObjective` shared by every initialization, from
+        fold_in(key(seed), 2)."""
+        from . import _build
 
-    def build_model(self, start: int, stop: int) -> ValueAttention:
-        """Initializations start .. stop - 1 (each from (seed, i) alone)."""
-        return init_ensemble(
-            jax.random.fold_in(as_key(self.seed), 1),
-            stop - start,
-            tokens=self.tokens,
-            dim=self.dim,
-            v_scale=self.v_scale,
-            a_scale=self.a_scale,
-            a_offset=self.a_offset,
-            norm=self.build_norm(),
-            start=start,
-        )
+        return _build.objective(self)
+
+    def build_solver(self):
+        """The diffrax solver, or None for `flow`'s default."""
+        from . import _build
+
+        return _build.solver(self)
+
+    def build_model(self, start: int, stop: int):
+        """Initializations start .. stop - 1 (each from (seed, i) alone), a `ValueAttention`."""
+        from . import _build
+
+        return _build.model(self, start, stop)
 
     # -- what a sweep stores -------------------------------------------------------------
 
     def times(self) -> np.ndarray:
         """The saved times of every trajectory of the sweep (steps x lr for descent)."""
-        if self.method == "flow":
-            return save_times(self.t1, self.n_save)
-        return save_steps(self.steps, self.n_save) * self.lr
+        from . import _build
 
-    def solve_options(self) -> SolveOptions:
+        return _build.times(self)
+
+    def solve_options(self):
         """The flow's settings of this sweep (its block size resolved): the one place a
         config turns into `SolveOptions`, with its hitting-time targets."""
-        return SolveOptions(
-            t1=self.t1,
-            n_save=self.n_save,
-            solver=self.build_solver(),
-            rtol=self.rtol,
-            atol=self.atol,
-            max_steps=self.max_steps,
-            block_size=self.resolved().block_size,
-            targets=Targets.of(self.levels, self.loss_fraction),
-        )
+        from . import _build
+
+        return _build.solve_options(self)
 
     def horizon(self) -> float:
         return self.t1 if self.method == "flow" else self.steps * self.lr

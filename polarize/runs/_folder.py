@@ -66,3 +66,13 @@ def check_same(stored: SweepConfig, requested: SweepConfig, out) -> None:
             f"`--resume` {out} was run with a different config: {', '.join(diff)}; "
             "resume with the stored settings or start a new --out"
         )
+
+
+def folder_kind(folder) -> str:
+    """ "study" or "sweep", by the file that marks the folder, or a `PolarizeError`."""
+    folder = Path(folder)
+    if (folder / "study.json").exists():
+        return "study"
+    if (folder / "config.json").exists():
+        return "sweep"
+    raise PolarizeError(f"`dir` {folder} is neither a sweep folder (config.json) nor a study (study.json)")

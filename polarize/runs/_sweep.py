@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._batching import BLOCK_SIZE, cpu_threads
+from ..core._batching import cpu_threads
+from ..core._choices import BLOCK_SIZE
 from ..core._errors import PolarizeError
 from ..core._trajectory import Trajectory
 from ..core._weights import distribution
@@ -136,8 +137,8 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
 
     The solves, hitting times and statistics are split over `devices`; the numbers do
     not depend on the device count. Hitting times that need restarted solves (solvers
-    outside the batched loop) run on one device, as their root finding (optimistix
-    bisection) rounds differently inside `shard_map`.
+    outside the batched loop) run on one device: their restarted solves' root finding
+    rounded differently inside `shard_map`.
     """
     out = over_devices(_solved(_program(config)), model, objective, devices)
     if "reduced" in out:

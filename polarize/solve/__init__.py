@@ -5,11 +5,16 @@ initializations; a Rosenbrock-W method takes the stiff long horizons; hitting ti
 are located on the solver's own steps.
 """
 
-from ._descent import descend as descend, descend_with_hitting_times as descend_with_hitting_times
-from ._flow import flow as flow, modified_flow as modified_flow
-from ._hitting import (
-    descent_hitting_times as descent_hitting_times,
-    flow_with_hitting_times as flow_with_hitting_times,
-    hitting_times as hitting_times,
+import lazy_loader
+
+# Each name is imported from its module on first use (`import polarize` loads no JAX).
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=[],
+    submod_attrs={
+        "_descent": ["descend", "descend_with_hitting_times"],
+        "_flow": ["flow", "modified_flow"],
+        "_hitting": ["descent_hitting_times", "flow_with_hitting_times", "hitting_times"],
+        "_options": ["SolveOptions"],
+    },
 )
-from ._options import SolveOptions as SolveOptions

@@ -21,12 +21,13 @@ from jaxtyping import Array, Float, Int
 
 from ..core import _batching as ensembles, status as codes
 from ..core._batching import Precision, ensemble_size, exact_matmuls
+from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
 from ..core._errors import PolarizeError, check_positive
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, all_finite, observe
 from ..core.fields import Path, prepare
-from ._options import LEVELS, LOSS_FRACTION, Targets, check_levels, time_names
+from ._options import Targets
 
 
 def save_steps(steps: int, n_save: int = 64) -> np.ndarray:

@@ -28,9 +28,9 @@ from ..core._batching import (
     in_threads,
     over_inits,
 )
-from ..core._errors import refuse_if, shown
 from ..core._models import AbstractModel, params, with_params
 from ..core._objectives import AbstractObjective
+from ..core._refuse import refuse_if, shown
 from ..core._trajectory import Trajectory, all_finite
 from ..core.fields import AbstractField, Modified, Path, prepare
 from . import _stiff as stiff

@@ -35,6 +35,7 @@ import optimistix as optx
 from jaxtyping import Array, Float
 
 from ..core._batching import blockwise, exact_matmuls, partition_inits
+from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
 from ..core._errors import PolarizeError, check_positive
 from ..core._models import AbstractModel, with_params
 from ..core._objectives import AbstractObjective
@@ -42,15 +43,7 @@ from ..core._trajectory import Trajectory, observe
 from ..core.fields import choose_field
 from ._descent import descend_with_hitting_times
 from ._flow import solve_flow
-from ._options import (
-    LEVELS,
-    LOSS_FRACTION,
-    USER_SETTINGS,
-    SolveOptions,
-    Targets,
-    check_levels,
-    time_names,
-)
+from ._options import USER_SETTINGS, SolveOptions, Targets
 
 
 def flow_with_hitting_times(

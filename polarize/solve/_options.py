@@ -14,10 +14,10 @@ from typing import Literal
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ..core._batching import BLOCK_SIZE, Precision, block_size_or_default, float_dtype
+from ..core._batching import Precision, block_size_or_default, float_dtype
+from ..core._choices import BLOCK_SIZE, LEVELS, LOSS_FRACTION, check_levels
 from ..core._errors import PolarizeError, check_choice, check_positive
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
@@ -27,31 +27,6 @@ from ..core.fields import PATHS, AbstractField, Path
 from . import _stiff
 
 Clock = Literal["log", "linear"]
-
-#: Default max-weight levels of the hitting times.
-LEVELS = (0.5, 0.9, 0.99)
-#: Default loss level, as a fraction of the loss at the start.
-LOSS_FRACTION = 1e-3
-
-
-def check_levels(levels) -> tuple[float, ...]:
-    """`levels` as a sorted tuple of distinct floats in (0, 1], or a `PolarizeError`."""
-    try:
-        values = tuple(float(x) for x in np.atleast_1d(np.asarray(levels, dtype=float)))
-    except (TypeError, ValueError):
-        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {levels!r}") from None
-    bad = [x for x in values if not 0 < x <= 1]
-    if not values or bad:
-        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {list(values)!r}")
-    return tuple(sorted(set(values)))
-
-
-def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> list[str]:
-    """Names of the hitting times: `time_to_<level>` and `time_to_loss_<fraction>`."""
-    names = [f"time_to_{level:g}" for level in levels]
-    if loss_fraction is not None:
-        names.append(f"time_to_loss_{loss_fraction:g}")
-    return names
 
 
 class Targets(eqx.Module):

@@ -1,12 +1,15 @@
-"""`polarize induction | classify | sinks`: parse, validate, call the transformer lab."""
+"""`polarize induction | classify | sinks`: parse, validate, call the transformer lab.
+
+The lab's code (and JAX) is imported only once a command's arguments are valid.
+"""
 
 import argparse
 from pathlib import Path
 
 import numpy as np
 
+from ..core._choices import SINK_EPS
 from ..core._errors import PolarizeError
-from ..measure import sinks
 from ..runs._storage import read_npz
 
 
@@ -55,16 +58,24 @@ def _parse_list(name: str, text, kind):
     return values
 
 
-def _run_grid(task: str, args) -> int:
+def _grid(task: str, args):
+    """Parse the lists; the job makes the lab's config (which checks the rest) and runs it."""
+    lists = {
+        "norms": _parse_list("norms", args.norms, str),
+        "heads": _parse_list("heads", args.heads, int),
+        "layers": _parse_list("layers", args.layers, int),
+        "lrs": _parse_list("lr", args.lr, float),
+    }
+    return lambda: _run_grid(task, args, lists)
+
+
+def _run_grid(task: str, args, lists: dict) -> int:
     from . import experiments  # the lab's training code and figures: only when it runs
 
     config = experiments.make_config(
         task,
         "small" if args.small else args.preset,
-        norms=_parse_list("norms", args.norms, str),
-        heads=_parse_list("heads", args.heads, int),
-        layers=_parse_list("layers", args.layers, int),
-        lrs=_parse_list("lr", args.lr, float),
+        **lists,
         seeds=args.seeds,
         seed=args.seed,
         width=args.width,
@@ -101,7 +112,7 @@ def _run_grid(task: str, args) -> int:
     return 0
 
 
-def _sinks(args) -> int:
+def _sinks(args):
     path = Path(args.file)
     if not path.is_file():
         raise PolarizeError(f"`FILE` must be an existing .npz file; got {str(path)!r}")
@@ -124,6 +135,12 @@ def _sinks(args) -> int:
         raise PolarizeError(f"`--eps` must be in [0, 1); got {args.eps}")
     if a.shape[-1] == a.shape[-2] and not 0 <= args.k < a.shape[-1]:
         raise PolarizeError(f"`--k` must be a key position in 0..{a.shape[-1] - 1}; got {args.k}")
+    return lambda: _run_sinks(args, path, key, a)
+
+
+def _run_sinks(args, path: Path, key: str, a: np.ndarray) -> int:
+    from ..measure import sinks
+
     table = sinks.head_table(a, eps=args.eps, key=args.k)
     print(sinks.format_table(table, eps=args.eps))
     out = Path(args.out) if args.out else path.with_suffix(".png")
@@ -144,10 +161,10 @@ def add_subcommands(subparsers) -> None:
         help="write the repeated (query) token as token + vocab (the paper's default: on)",
     )
     p.add_argument("--aux-weight", type=float, help="weight of the loss at the non-final positions (0.2)")
-    p.set_defaults(func=lambda a: _run_grid("induction", a))
+    p.set_defaults(func=lambda a: _grid("induction", a))
     p = subparsers.add_parser("classify", help="train classifiers, attack single tokens")
     _grid_options(p)
-    p.set_defaults(func=lambda a: _run_grid("classify", a))
+    p.set_defaults(func=lambda a: _grid("classify", a))
     p = subparsers.add_parser(
         "sinks",
         help="per-head sink table of attention maps in a .npz",
@@ -161,5 +178,5 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--key", help="array name in FILE (default: 'attention' or the only one)")
     p.add_argument("--out", help="heatmap PNG (default: FILE with .png)")
     p.add_argument("--k", type=int, default=0, help="key position k of Sink_k^eps (default 0)")
-    p.add_argument("--eps", type=float, default=sinks.SINK_EPS, help="threshold eps (default 0.3)")
+    p.add_argument("--eps", type=float, default=SINK_EPS, help="threshold eps (default 0.3)")
     p.set_defaults(func=_sinks)

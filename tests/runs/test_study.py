@@ -159,7 +159,7 @@ def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
 
 
 def test_shipped_study_files_are_valid():
-    from polarize.runs._study import load_study
+    from polarize.runs._study_file import load_study
 
     root = Path(__file__).parents[2] / "examples"
     for name in ("normalizations.toml", "conditioning.toml"):

@@ -12,8 +12,8 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import polarize as pz
+from polarize.core._choices import check_levels
 from polarize.measure import logistic_rate
-from polarize.solve._hitting import check_levels
 
 T = D = 3
 LEVELS = (0.5, 0.9, 0.99)
@@ -209,3 +209,4 @@ def test_reduced_field_observes_weights_and_loss_without_rebuilding_v():
     np.testing.assert_allclose(loss, np.logaddexp(0.0, -(b @ V @ s)), rtol=1e-12)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
     np.testing.assert_allclose(weights, ref_weights, rtol=1e-14)
+

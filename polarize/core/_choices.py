@@ -1,0 +1,57 @@
+"""What a user chooses by name, and the defaults of the numbers a run is measured at.
+
+Plain Python, no JAX: the CLI parses and validates every argument with these before
+JAX is imported. The registries that build the objects (`NORMALIZATIONS` in
+`_normalizations`, a sweep's `OBJECTIVES` and `SOLVERS`) hold exactly these names.
+"""
+
+import numpy as np
+
+from ._errors import PolarizeError
+
+#: The normalizations, by name (`polarize.NORMALIZATIONS` maps each to its class).
+NORMALIZATION_NAMES = (
+    "softmax",
+    "sigmoid",
+    "relu",
+    "linear",
+    "relu-norm",
+    "sum-norm",
+    "l1-norm",
+    "square-norm",
+    "sigmoid-norm",
+    "softmax1",
+    "sparsemax",
+)
+#: Initializations per vmapped block on CPU (part of a result's identity: keep it fixed).
+BLOCK_SIZE = 128
+#: Default max-weight levels of the hitting times.
+LEVELS = (0.5, 0.9, 0.99)
+#: Default loss level, as a fraction of the loss at the start.
+LOSS_FRACTION = 1e-3
+#: Per-initialization statistics a study can plot (besides time_to_* of the cell's levels).
+PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C", "rate_drift")
+#: Ensemble fractions from summary.json a study can plot (besides fraction_reached_*).
+FRACTIONS = ("one_hot_fraction", "order_preserved_fraction", "winner_is_argmax_u0_fraction")
+#: Default threshold eps of a sink head (`measure.sinks`): mean attention on one key above it.
+SINK_EPS = 0.3
+
+
+def check_levels(levels) -> tuple[float, ...]:
+    """`levels` as a sorted tuple of distinct floats in (0, 1], or a `PolarizeError`."""
+    try:
+        values = tuple(float(x) for x in np.atleast_1d(np.asarray(levels, dtype=float)))
+    except (TypeError, ValueError):
+        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {levels!r}") from None
+    bad = [x for x in values if not 0 < x <= 1]
+    if not values or bad:
+        raise PolarizeError(f"`levels` must be numbers in (0, 1]; got {list(values)!r}")
+    return tuple(sorted(set(values)))
+
+
+def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> list[str]:
+    """Names of the hitting times: `time_to_<level>` and `time_to_loss_<fraction>`."""
+    names = [f"time_to_{level:g}" for level in levels]
+    if loss_fraction is not None:
+        names.append(f"time_to_loss_{loss_fraction:g}")
+    return names

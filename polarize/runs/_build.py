@@ -1,0 +1,82 @@
+"""The objects a sweep is made of, built from its `SweepConfig`: the one place where
+a sweep's strings become objects.
+
+`SweepConfig`'s builders (`build_objective`, `build_model`, ...) call these; the
+config itself imports no JAX, so this module is imported on their first use (and
+imports nothing of the config: the registries' names are checked against the
+config's in tests/runs/test_config.py).
+"""
+
+import diffrax
+import jax
+import numpy as np
+
+from ..core._models import ValueAttention, as_key, init_ensemble
+from ..core._normalizations import AbstractNormalization, normalization
+from ..core._objectives import (
+    AbstractObjective,
+    conditioned_regression,
+    peaked_distribution,
+    random_direction,
+    random_labels,
+)
+from ..core._times import save_times
+from ..solve._descent import save_steps
+from ..solve._options import SolveOptions, Targets
+
+#: objective name -> builder(key, config): the sweep's target, shared by every initialization.
+OBJECTIVES = {
+    "logistic": lambda key, c: random_direction(key, c.dim),
+    "logistic-data": lambda key, c: random_labels(key, c.samples or 4 * c.dim, c.dim),
+    "square": lambda key, c: conditioned_regression(key, c.samples or c.dim, c.dim, c.kappa),
+    "cross-entropy": lambda key, c: peaked_distribution(key, c.dim),
+}
+#: solver name -> diffrax solver class (None: `flow`'s default).
+SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
+
+
+def norm(config) -> AbstractNormalization:
+    options = {"softmax": {"temperature": config.temperature}, "softmax1": {"sink": config.sink}}
+    return normalization(config.norm, **options.get(config.norm, {}))
+
+
+def objective(config) -> AbstractObjective:
+    return OBJECTIVES[config.objective](jax.random.fold_in(as_key(config.seed), 2), config)
+
+
+def solver(config) -> diffrax.AbstractSolver | None:
+    cls = SOLVERS[config.solver]
+    return None if cls is None else cls()
+
+
+def model(config, start: int, stop: int) -> ValueAttention:
+    return init_ensemble(
+        jax.random.fold_in(as_key(config.seed), 1),
+        stop - start,
+        tokens=config.tokens,
+        dim=config.dim,
+        v_scale=config.v_scale,
+        a_scale=config.a_scale,
+        a_offset=config.a_offset,
+        norm=norm(config),
+        start=start,
+    )
+
+
+def times(config) -> np.ndarray:
+    if config.method == "flow":
+        return save_times(config.t1, config.n_save)
+    return save_steps(config.steps, config.n_save) * config.lr
+
+
+def solve_options(config) -> SolveOptions:
+    return SolveOptions(
+        t1=config.t1,
+        n_save=config.n_save,
+        solver=solver(config),
+        rtol=config.rtol,
+        atol=config.atol,
+        max_steps=config.max_steps,
+        block_size=config.resolved().block_size,
+        targets=Targets.of(config.levels, config.loss_fraction),
+    )

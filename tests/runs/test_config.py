@@ -1,0 +1,25 @@
+"""A sweep's config: its names are the registries' names; it validates and round-trips without JAX."""
+
+import pytest
+
+import polarize as pz
+from polarize.core import _choices, _normalizations
+from polarize.runs import _build, _config
+
+
+def test_each_family_of_names_is_the_registry_that_builds_it():
+    # the CLI validates with the plain names; the objects come from the registries
+    assert tuple(_build.OBJECTIVES) == tuple(_config.OBJECTIVES)
+    assert tuple(_build.SOLVERS) == _config.SOLVERS
+    assert tuple(_normalizations.NORMALIZATIONS) == _choices.NORMALIZATION_NAMES
+    for name in _config.OBJECTIVES:
+        objective = pz.SweepConfig(objective=name, tokens=3, dim=3).build_objective()
+        assert isinstance(objective, pz.AbstractObjective)
+
+
+def test_a_config_round_trips_and_refuses_unknown_settings():
+    config = pz.SweepConfig(objective="square", kappa=10.0, levels=(0.9, 0.5))
+    assert config.levels == (0.5, 0.9)  # sorted once, on construction
+    assert pz.SweepConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(pz.PolarizeError, match=r"unknown sweep setting\(s\) \['kapa'\]"):
+        pz.SweepConfig.from_dict({"kapa": 3.0})
