@@ -43,6 +43,7 @@ from ..core import status as codes
 from ..core._batching import block_map, blockwise, partition_inits
 from ..core._errors import check_choice
 from ._options import SolveOptions
+from ._roots import chandrupatla
 
 Method = Literal["batched", "diffeqsolve"]
 METHODS = ("batched", "diffeqsolve")
@@ -622,7 +623,7 @@ class _Crossings(eqx.Module):
     gap >= 0, and after the loop the time in that step where the gap reaches 0.
 
     The crossing is the root of gap(y(t)) on the step's dense output y(t), found by
-    Chandrupatla's method (`_chandrupatla`), so every accepted step is checked, not
+    Chandrupatla's method (`_roots.chandrupatla`), so every accepted step is checked, not
     only saved times.
     """
 
@@ -668,7 +669,7 @@ class _Crossings(eqx.Module):
         # the recorded step retaken from (lo_t, lo_y): the same arithmetic, its dense output
         _, _, dense, _ = _rk_step(p.solver.tableau, p.field, lo_t, hi_t, lo_y, args, lo_f)
         gap = lambda t: self.gaps_of(t, p.interpolate(lo_t, hi_t, dense, t), args)[j]
-        return _chandrupatla(gap, lo_t, hi_t, self.gaps_of(lo_t, lo_y, args)[j], gap(hi_t))
+        return chandrupatla(gap, lo_t, hi_t, self.gaps_of(lo_t, lo_y, args)[j], gap(hi_t))
 
     def locate(self, s: _State, batched):
         """(inits, targets) crossing times: t0 where reached at the start, inf where never."""
@@ -697,58 +698,6 @@ def _finish(problem: _Problem, finish, saved, status, batched):
     """finish(ys, status, args) -> (outputs, status) of each init of the block (inits first)."""
     with_args = lambda ys, status, b: finish(ys, status, problem.args(b))
     return jax.vmap(with_args)(saved, status, batched)
-
-
-#: Root-finding iterations at most per crossing (Chandrupatla's method: about 10 for
-#: smooth gaps, and never much more than bisection's 45 to rounding).
-LOCATE_MAX_ITERATIONS = 100
-
-
-def _chandrupatla(gap, lo, hi, f_lo, f_hi):
-    """The time in [lo, hi] where `gap` reaches 0, given gap(lo) < 0 <= gap(hi).
-
-    Chandrupatla's method (1997): inverse quadratic interpolation where it is safe,
-    bisection otherwise, so the bracket always shrinks; stopped when it is narrower
-    than 2 (1e-13 (1 + |t|) + 2 eps |t|), rounding for float64. Returns the bracket's
-    end where gap >= 0.
-    """
-    dtype = jnp.result_type(lo)
-    eps = jnp.finfo(dtype).eps
-    xtol = jnp.maximum(1e-13, 4 * eps)
-
-    def body(c):
-        a, b, c_, fa, fb, fc, t, _, i = c
-        x = a + t * (b - a)
-        fx = gap(x)
-        same = jnp.sign(fx) == jnp.sign(fa)
-        # keep the bracket [x, b] or [x, a]; c_ is the point dropped
-        c_, fc, b, fb = (
-            jnp.where(same, a, b),
-            jnp.where(same, fa, fb),
-            jnp.where(same, b, a),
-            jnp.where(same, fb, fa),
-        )
-        a, fa = x, fx
-        xm = jnp.where(jnp.abs(fa) < jnp.abs(fb), a, b)
-        fm = jnp.minimum(jnp.abs(fa), jnp.abs(fb))
-        tol = 2 * eps * jnp.abs(xm) + xtol * (1 + jnp.abs(xm))
-        tlim = tol / jnp.abs(b - c_)
-        done = (tlim > 0.5) | (fm == 0)
-        xi = (a - b) / (c_ - b)
-        phi = (fa - fb) / (fc - fb)
-        quadratic = (phi**2 < xi) & ((1 - phi) ** 2 < 1 - xi)
-        t_iqi = fa / (fb - fa) * fc / (fb - fc) + (c_ - a) / (b - a) * fa / (fc - fa) * fb / (fc - fb)
-        t = jnp.clip(jnp.where(quadratic, t_iqi, 0.5), tlim, 1 - tlim)
-        return a, b, c_, fa, fb, fc, t.astype(dtype), done, i + 1
-
-    # rounding may put the root on the recorded step's ends
-    bad = ~(f_lo < 0) | ~(f_hi >= 0)
-    half = jnp.asarray(0.5, dtype)
-    init = (hi, lo, lo, f_hi, f_lo, f_lo, half, bad | ~(hi - lo > 0), jnp.int32(0))
-    a, b, _, fa, _, _, _, _, _ = jax.lax.while_loop(
-        lambda c: ~c[7] & (c[8] < LOCATE_MAX_ITERATIONS), body, init
-    )
-    return jnp.where(~(f_lo < 0), lo, jnp.where(f_hi >= 0, jnp.where(fa >= 0, a, b), hi))
 
 
 def _is_explicit_rk(solver) -> bool:

@@ -15,7 +15,8 @@ brackets the first crossing: the first saved interval [t_{k-1}, t_k] whose end r
 the level. The ODE is autonomous, so the solve restarts from the saved state at
 t_{k-1} over that one interval (on the clock tau = log(1 + t), like `flow`, and with
 flow's own vector field: in reduced coordinates where they apply), with a diffrax
-`Event` whose root is located by bisection on the solver's dense solution.
+`Event` whose root is located on the solver's dense solution by the same root finder
+as the batched loop's (`_roots`, Chandrupatla's method).
 
 Caveat of the bracketing: a crossing that uncrosses again between two saved times
 (max weight above the level and back below it inside one interval) is missed, and
@@ -31,7 +32,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import optimistix as optx
 from jaxtyping import Array, Float
 
 from ..core._batching import blockwise, exact_matmuls, partition_inits
@@ -44,6 +44,7 @@ from ..core.fields import choose_field
 from ._descent import descend_with_hitting_times
 from ._flow import solve_flow
 from ._options import USER_SETTINGS, SolveOptions, Targets
+from ._roots import Chandrupatla
 
 
 def flow_with_hitting_times(
@@ -178,13 +179,6 @@ def _hitting(model, objective, ts, per_init, targets, solver, rtol, atol, max_st
     return blockwise(one, (model_dyn, obj_dyn, per_init))
 
 
-#: Root finder on the solver's dense solution. An upcrossing (the gap goes from < 0 to
-#: >= 0) needs no sign detection (`flip=False`), which would fail under `vmap` for
-#: lanes without an event; bisection also works inside `shard_map`, where Newton's
-#: closure-converted Jacobian does not (JAX 0.10, optimistix 0.1).
-_BISECTION = optx.Bisection(rtol=1e-13, atol=1e-13, flip=False)
-
-
 def _first_crossings(
     model, objective, ts, path, a, weights, loss, ok, targets, solver, rtol, atol, max_steps
 ):
@@ -225,7 +219,7 @@ def _first_crossings(
             y0=field.initial(restart, objective),
             saveat=diffrax.SaveAt(t1=True),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            event=diffrax.Event(gap, root_finder=_BISECTION, direction=True),
+            event=diffrax.Event(gap, root_finder=Chandrupatla(), direction=True),
             max_steps=max_steps,
             throw=False,
         )

@@ -210,3 +210,23 @@ def test_reduced_field_observes_weights_and_loss_without_rebuilding_v():
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
     np.testing.assert_allclose(weights, ref_weights, rtol=1e-14)
 
+
+def test_the_one_root_finder_in_both_forms_finds_a_closed_form_root():
+    # chandrupatla (the batched loop's) and Chandrupatla (the restarts' diffrax Event) are
+    # one iteration: both stop within 2 (1e-13 (1 + |t|)) of arccos(0.3) and agree exactly
+    import optimistix as optx
+
+    from polarize.solve._roots import Chandrupatla, chandrupatla
+
+    gap = lambda t: 0.3 - jnp.cos(t)  # rises through 0 at arccos(0.3)
+    lo, hi = jnp.float64(0.2), jnp.float64(1.9)
+    root = float(np.arccos(0.3))
+    direct = chandrupatla(gap, lo, hi, gap(lo), gap(hi))
+    found = optx.root_find(lambda t, _: gap(t), Chandrupatla(), hi, options=dict(lower=lo, upper=hi))
+    assert abs(float(direct) - root) < 4e-13 and float(found.value) == float(direct)
+    assert float(gap(direct)) >= 0  # the bracket's end past the crossing
+    # no bracket (diffrax's lanes without an event: the distance to `upper`): the root is upper
+    none = optx.root_find(lambda t, _: hi - t, Chandrupatla(), hi, options=dict(lower=lo, upper=hi))
+    assert float(none.value) == float(hi)
+    # a gap already >= 0 at lo: the batched loop's rule returns lo
+    assert float(chandrupatla(gap, jnp.float64(1.4), hi, gap(1.4), gap(hi))) == 1.4
