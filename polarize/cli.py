@@ -162,6 +162,12 @@ def _add_study(sub) -> None:
     p.add_argument("file", type=Path, help="study file (TOML), see examples/*.toml")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/<study name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--cell-figures",
+        action="store_true",
+        help="also draw each cell's four sweep figures (default: only the comparison; "
+        "`polarize report OUT` draws them later)",
+    )
     _add_distributed(p)
     p.set_defaults(func=_study)
 
@@ -177,7 +183,7 @@ def _run_study(args, study, out: Path) -> int:
 
     from .runs import run_study
 
-    result = run_study(study, out, progress=not args.no_progress)
+    result = run_study(study, out, progress=not args.no_progress, cell_figures=args.cell_figures)
     if jax.process_index() != 0:
         return 0
     print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")

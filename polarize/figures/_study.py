@@ -1,4 +1,8 @@
-"""A study's comparison figure: one statistic per panel across the cells of its grid."""
+"""A study's comparison figure: one statistic per panel across the cells of its grid.
+
+Against a grid key (`[plot] x`), each hitting time of `y` also gets a panel of its
+survival curve: the fraction of inits that reached the level by t, per cell.
+"""
 
 from pathlib import Path
 
@@ -85,12 +89,50 @@ def _groups(study, runs, keys) -> dict:
     return groups
 
 
+def hitting_statistics(ys) -> list[str]:
+    """The hitting times among statistics `ys`: each gets a panel of its survival curve."""
+    return [y for y in ys if y.removeprefix("median_").startswith("time_to_")]
+
+
+def reached_by(times: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The fraction of `times` (one per finished init; inf where never reached) that are
+    <= each t of `ts`: the empirical distribution of a hitting time censored at t1."""
+    times = np.sort(np.asarray(times, float))
+    return np.searchsorted(times, ts, side="right") / max(times.size, 1)
+
+
+def _survival(ax, study, runs, y):
+    """Per cell group (seeds pooled), the fraction of inits whose hitting time y is <= t:
+    it reads where a median cannot (inf where fewer than half reached the level by t1)."""
+    keys = [k for k in study.grid if k not in REPLICATES]
+    groups = _groups(study, runs, keys)
+    horizon = max(run.config.horizon() for _, run in runs)
+    values = {key: _values(group, y) for key, group in groups.items()}
+    positive = np.concatenate([v[np.isfinite(v) & (v > 0)] for v in values.values()])
+    start = positive.min() / 2 if positive.size else horizon * 1e-6
+    ts = np.geomspace(start, horizon, 256)
+    colors = pyplot().get_cmap("viridis")(np.linspace(0, 0.9, max(len(groups), 1)))
+    for color, (key, v) in zip(colors, sorted(values.items()), strict=False):
+        label = ", ".join(f"{k}={value}" for k, value in zip(keys, key, strict=True))
+        ax.plot(ts, reached_by(v, ts), color=color, label=label or "all cells")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("t" if runs[0][1].config.method == "flow" else "t = step x lr")
+    ax.set_ylabel(f"fraction of inits with {_label(y)} <= t")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _against_x(study, runs, plt):
     others = [k for k in study.grid if k not in (study.x, *REPLICATES)]
-    fig, axes = plt.subplots(1, len(study.y), figsize=(6 * len(study.y), 4.5), constrained_layout=True)
+    survival = hitting_statistics(study.y)
+    panels = len(study.y) + len(survival)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), constrained_layout=True)
     axes = np.atleast_1d(axes)
+    for ax, y in zip(axes[len(study.y) :], survival, strict=True):
+        _survival(ax, study, runs, y)
     lines = _groups(study, runs, others)
-    for ax, y in zip(axes, study.y, strict=True):
+    for ax, y in zip(axes[: len(study.y)], study.y, strict=True):
         drawn, notes = [], []
         for key, group in lines.items():
             points = _groups(study, [(None, r) for r in group], [study.x])

@@ -8,6 +8,10 @@ import numpy as np
 from ..core._batching import cpu_threads
 from ._pyplot import pyplot
 
+#: Fixed margins (inches' fractions) that fit the axis labels: measured, constrained
+#: layout took 0.6 s of each figure's 0.9 s on a 2-core CPU.
+MARGINS = dict(left=0.11, right=0.97, bottom=0.13, top=0.9)
+
 
 def bands(x: np.ndarray, ok: np.ndarray, q=(10, 50, 90)) -> np.ndarray:
     """Percentiles over the non-failed initializations at each time: (len(q), times)."""
@@ -33,12 +37,28 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
     keep = ts > 0  # a log axis cannot show t = 0
     ok = arrays["ok"]
     unit = _time_label(config)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.88, wspace=0.22)
     panels = [
-        ("series_max_weight", "max weight  max_j p_j", (0, 1.02), 1.0 / config.tokens, "uniform 1/T"),
-        ("series_entropy", "entropy  H(p)  [nats]", None, np.log(config.tokens), "uniform log T"),
+        (
+            "series_max_weight",
+            "max weight  max_j p_j",
+            (0, 1.02),
+            1.0 / config.tokens,
+            "uniform 1/T",
+            "upper left",
+        ),
+        (
+            "series_entropy",
+            "entropy  H(p)  [nats]",
+            None,
+            np.log(config.tokens),
+            "uniform log T",
+            "lower left",
+        ),
     ]
-    for ax, (key, label, ylim, ref, ref_label) in zip(axes, panels, strict=True):
+    # the legends sit where the curves start (near uniform): max weight low, entropy high
+    for ax, (key, label, ylim, ref, ref_label, corner) in zip(axes, panels, strict=True):
         lo, mid, hi = bands(arrays[key], ok)
         ax.fill_between(ts[keep], lo[keep], hi[keep], alpha=0.3, label="10-90% of inits")
         ax.plot(ts[keep], mid[keep], lw=2, label="median")
@@ -49,7 +69,7 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
         if ylim:
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        ax.legend(loc=corner, fontsize=8)
     n_ok = int(np.sum(ok))
     fig.suptitle(
         title
@@ -69,7 +89,8 @@ def plot_entropy_histogram(arrays: dict, config, path: Path) -> Path:
     """Histogram of the final entropy over the non-failed initializations."""
     plt = pyplot()
     ok = np.asarray(arrays["ok"], bool)
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(**MARGINS)
     ax.hist(arrays["final_entropy"][ok], bins=50, range=(0, np.log(config.tokens)), color="C0")
     ax.axvline(np.log(config.tokens), color="gray", ls=":", label="uniform log T")
     ax.set_xlabel("final entropy H(p) [nats]")
@@ -86,7 +107,8 @@ def plot_winner_histogram(arrays: dict, config, path: Path) -> Path:
     plt = pyplot()
     ok = np.asarray(arrays["ok"], bool)
     counts = np.bincount(arrays["final_winner"][ok].astype(int), minlength=config.tokens)
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(**MARGINS)
     ax.bar(np.arange(config.tokens), counts, color="C1")
     ax.axhline(ok.sum() / config.tokens, color="gray", ls=":", label="uniform")
     ax.set_xlabel("winning token index j = argmax p_j at the final time")
@@ -113,7 +135,8 @@ def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
     plt = pyplot()
     ts, frac = one_hot_fraction(arrays, config.threshold)
     keep = ts > 0
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(**MARGINS)
     ax.plot(ts[keep], frac[keep], marker=".")
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
@@ -147,7 +170,8 @@ def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
 def empty_figure(path: Path, note: str) -> Path:
     """A figure holding only `note` (where there is no data to draw)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(**MARGINS)
     ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
     ax.set_axis_off()
     fig.savefig(path, dpi=120)

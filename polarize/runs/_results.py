@@ -84,7 +84,9 @@ def gathering(out: Path):
     return tempfile.TemporaryDirectory(dir=out, prefix=".assemble-")
 
 
-def assemble(config: SweepConfig, out: Path, gather: Gather, *, wall: float, sample: dict | None) -> dict:
+def assemble(
+    config: SweepConfig, out: Path, gather: Gather, *, wall: float, sample: dict | None, figures: bool = True
+) -> dict:
     """per_init.npz, series.npz, sample.npz and summary.json from a complete `gather`, then the figures.
 
     Nothing is computed here: `gather` holds every chunk of the sweep (the runner has
@@ -92,7 +94,8 @@ def assemble(config: SweepConfig, out: Path, gather: Gather, *, wall: float, sam
     sample.npz (None: none kept). The snapshot series (most of the bytes) are streamed
     from their raw files into series.npz, so they are never whole in memory; the figures
     then read one series at a time. Figures that cannot be drawn (no finished
-    initialization) are drawn empty with a note, never a crash.
+    initialization) are drawn empty with a note, never a crash; `figures=False` draws
+    none (a study's cells: `polarize report` draws them later).
     """
     n_chunks = -(-config.inits // config.chunk_size)
     if len(gather.done) != n_chunks:
@@ -108,7 +111,8 @@ def assemble(config: SweepConfig, out: Path, gather: Gather, *, wall: float, sam
         write_npz(out / "sample.npz", sample)
     del arrays
     write_json(out / "summary.json", summary)
-    sweep_figures(_FigureArrays(out), config, out)
+    if figures:
+        sweep_figures(_FigureArrays(out), config, out)
     return summary
 
 

@@ -43,11 +43,12 @@ from ._study_file import Study
 from ._sweep import run_sweep
 
 
-def run_study(study: Study, out, *, progress: bool = False) -> dict:
+def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool = False) -> dict:
     """Run (or continue) every cell under out/cells/, then write study.csv, summary.json, comparison.png.
 
     Returns the study's summary: {"cells", "failed_cells": {name: reason}}. A failing
-    cell does not stop the others.
+    cell does not stop the others. Each cell's own four figures are drawn only with
+    `cell_figures` (`polarize report OUT` draws them later from the stored results).
     """
     out = Path(out)
     spec = out / "study.json"
@@ -65,7 +66,8 @@ def run_study(study: Study, out, *, progress: bool = False) -> dict:
         cell = out / "cells" / name
         if not ((cell / "summary.json").exists() and stored_config(cell) == resumed_config(config, cell)):
             try:
-                run_sweep(config, cell, resume=(cell / "config.json").exists(), progress=progress)
+                resume = (cell / "config.json").exists()
+                run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures)
             except PolarizeError as e:
                 failed[name] = str(e)
                 continue

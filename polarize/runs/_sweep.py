@@ -37,12 +37,14 @@ from ..measure._rates import logistic_rate
 from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
 from ..solve._descent import descend_with_hitting_times
 from ..solve._devices import barrier, my_chunks, over_devices
+from ..solve._flow import crosses_in_loop
 from ..solve._hitting import (
     flow_and_crossings,
     restarted_hitting_times,
 )
 from ._config import SweepConfig
 from ._folder import check_same, package_versions, prepare_out, resumed_config, stored_config
+from ._programs import StoredProgram, programs_dir
 from ._results import Gather, assemble, gathering
 from ._storage import write_json
 from ._store import ChunkStore
@@ -181,8 +183,11 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     at_once = AT_ONCE_CPU if jax.default_backend() == "cpu" else config.block_size * n_devices
     size = _round_up(min(at_once, config.chunk_size, config.inits), config.block_size)
 
+    stored = _stored_measure(_program(config), objective) if n_devices == 1 else None
+
     def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
-        out = measure(config, config.build_model(lo, lo + size), objective, devices=devices)
+        model = config.build_model(lo, lo + size)
+        out = stored(model, objective) if stored else measure(config, model, objective, devices=devices)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     starts = list(range(start, stop, size))
@@ -197,6 +202,26 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
         parts += list(pool.map(blocks, starts))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _stored_measure(config: SweepConfig, objective) -> StoredProgram | None:
+    """`measure` of a program config as a stored exported program (`_programs`), where
+    the compile cache is on and `measure` is one program with no arithmetic after it (a
+    flow reduced block by block in the engine's batched loop): exported whole, it computes
+    the same bits. None otherwise (descent, and flows that restart for their hitting
+    times, compute their rates and times after their solve: fused into one exported
+    program those round differently in the last bit)."""
+    folder = programs_dir()
+    if folder is None or config.method != "flow":
+        return None
+    if not crosses_in_loop(config.build_model(0, 1), objective, config.solve_options()):
+        return None
+    return _stored(config, folder)
+
+
+@functools.lru_cache(maxsize=16)
+def _stored(config: SweepConfig, folder: Path) -> StoredProgram:
+    return StoredProgram(lambda m, o: measure(config, m, o), "runs._sweep.measure", config.to_dict(), folder)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -230,13 +255,15 @@ def run_sweep(
     progress: bool = False,
     sample: int = 0,
     devices=None,
+    figures: bool = True,
 ) -> dict:
     """Run (or resume) a sweep in `out`; returns the summary (also in summary.json).
 
     Finished chunks are on disk as soon as they are done, so an interrupted run
     loses at most the chunk in flight. With several JAX processes
     (`jax.distributed.initialize()` first), each computes its share of chunks and
-    process 0 assembles the results (the others return an empty dict).
+    process 0 assembles the results (the others return an empty dict). `figures=False`
+    skips the four PNGs (`polarize report DIR` draws them from the stored results).
     """
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
@@ -257,7 +284,7 @@ def run_sweep(
     todo = [i for i in my_chunks(len(ranges)) if not store.done(i)]
     started = time.perf_counter()
     assembler = jax.process_index() == 0
-    if assembler:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
+    if assembler and figures:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
         threading.Thread(target=pyplot).start()
     bar = _progress(progress, ranges, todo)
     with contextlib.ExitStack() as stack:
@@ -290,7 +317,7 @@ def run_sweep(
             return {}
         _complete(config, store, gather)
         wall = time.perf_counter() - started
-        return assemble(config, out, gather, wall=wall, sample=_sample(config, sample))
+        return assemble(config, out, gather, wall=wall, sample=_sample(config, sample), figures=figures)
 
 
 def _complete(config: SweepConfig, store: ChunkStore, gather: Gather) -> None:

@@ -167,6 +167,22 @@ def modified_flow(
     return _solve(model, objective, field, options.resolved(model, objective, field), None)[0]
 
 
+def _controller(options: SolveOptions, save_at):
+    return stiff.controller(
+        options.solver, options.rtol, options.atol, None if options.ends_only else save_at
+    )
+
+
+def crosses_in_loop(model, objective, options: SolveOptions) -> bool:
+    """Whether `solve_flow` of these options locates its targets' crossings in the engine's
+    batched loop (and then reduces each block there, given a `reduce`): explicit
+    Runge-Kutta solvers under the engine's own step control."""
+    model, objective, field = prepare(model, objective, path=options.path, precision=options.precision)
+    options = options.resolved(model, objective, field)
+    controller = _controller(options, None if options.ends_only else options.ts)
+    return options.targets is not None and batches(options.solver, options.adjoint, controller)
+
+
 def _solve(model, objective, field, options: SolveOptions, reduce):
     """One integration of resolved `options`: (trajectory, crossing times or None)."""
     single = ensemble_size(model, objective) is None
@@ -204,9 +220,7 @@ def _integrate(model, objective, field: AbstractField, options: SolveOptions, re
 
     s0, s1 = to_solver(options.t0), to_solver(options.t1)
     save_at = jnp.clip(to_solver(options.ts), s0, s1)  # log1p(expm1(x)) can exceed x by one ulp
-    controller = stiff.controller(
-        options.solver, options.rtol, options.atol, None if options.ends_only else save_at
-    )
+    controller = _controller(options, save_at)
 
     def begin(m, o):
         levels = None if targets is None else targets.levels(m, o)
@@ -214,7 +228,7 @@ def _integrate(model, objective, field: AbstractField, options: SolveOptions, re
 
     y0, constants, levels = over_inits(begin, model, objective, block_size=options.block_size)
     crossings = None
-    if targets is not None and batches(options.solver, options.adjoint, controller):
+    if targets is not None and batches(options.solver, options.adjoint, controller):  # see `crosses_in_loop`
 
         def crossings(s, y, args):  # the targets' gaps at one state of one init
             model, objective, constants, levels = args

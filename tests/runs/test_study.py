@@ -37,15 +37,15 @@ def test_study_runs_resumes_and_reports(tmp_path, capsys):
     softmax = float(rows["norm=softmax__a_scale=0.0"]["median_max_weight"])
     sigmoid = float(rows["norm=sigmoid__a_scale=0.0"]["median_max_weight"])
     assert softmax > 0.5 > sigmoid  # the comparison the study exists for
-    figures = sorted(out.rglob("*.png"))
-    assert out / "comparison.png" in figures and len(figures) == 1 + 4 * 4
-    before = {p: p.read_bytes() for p in figures}
-    for p in figures:
-        p.unlink()
+    # the comparison only: each cell's own four figures are drawn on request (`report`)
+    assert sorted(out.rglob("*.png")) == [out / "comparison.png"]
+    before = (out / "comparison.png").read_bytes()
+    (out / "comparison.png").unlink()
     mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*.npz")}
     assert main(["report", str(out)]) == 0
-    assert sorted(out.rglob("*.png")) == figures
-    assert all(p.read_bytes() == before[p] for p in figures)  # same figures, from stored data
+    figures = sorted(out.rglob("*.png"))
+    assert out / "comparison.png" in figures and len(figures) == 1 + 4 * 4
+    assert (out / "comparison.png").read_bytes() == before  # the same figure, from stored data
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.npz")} == mtimes  # nothing recomputed
     # rerunning a finished study recomputes nothing either
     assert main(["study", str(spec), "--out", str(out), "--no-progress"]) == 0
@@ -101,7 +101,21 @@ def test_a_failing_cell_is_reported_and_the_others_go_on(tmp_path, capsys):
     assert table.loc[2, "n_failed"] * 2 <= 8 and table.loc[3, "n_failed"] == 8  # at most half: ok
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary["failed_cells"]) == sorted(table["cell"][table["status"] == "failed"])
-    assert (out / "comparison.png").exists()
+    # two statistics against kappa, and the survival curve of the hitting time
+    assert plt.imread(out / "comparison.png").shape[1] == 3 * 6 * 120
+
+
+def test_the_survival_curve_is_the_fraction_reached_by_t():
+    from polarize.figures._study import hitting_statistics, reached_by
+
+    times = np.array([1.0, 5.0, np.inf, 2.0, 5.0])  # inf: never reached by t1
+    ts = np.array([0.5, 1.0, 3.0, 5.0, 1e300])
+    expected = [sum(x <= t for x in times) / len(times) for t in ts]  # a Python loop
+    assert reached_by(times, ts).tolist() == expected == [0.0, 0.2, 0.4, 0.8, 0.8]
+    assert hitting_statistics(["max_weight", "time_to_0.9", "median_time_to_loss_0.001"]) == [
+        "time_to_0.9",
+        "median_time_to_loss_0.001",
+    ]
 
 
 HEAT = """
@@ -123,11 +137,6 @@ y = ["time_to_0.5", "one_hot_fraction"]
 
 
 def test_two_key_grid_heatmap_and_study_tables(tmp_path, capsys, monkeypatch):
-    # The cells' own sweep figures (4 per cell, drawn and checked in the test above) are
-    # not what this test checks: skip drawing them (a quarter of its time).
-    from polarize.runs import _results
-
-    monkeypatch.setattr(_results, "sweep_figures", lambda arrays, config, out: [])
     spec = tmp_path / "heat.toml"
     spec.write_text(HEAT)
     out = tmp_path / "heat"

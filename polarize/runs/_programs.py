@@ -1,0 +1,160 @@
+"""A sweep's traced programs kept across processes (`jax.export`), beside the compile cache.
+
+XLA's persistent compilation cache skips the compile of a program a process has seen
+before, not its tracing: without this, every `polarize sweep` traced its solve again
+(about 2.5 s of a warm default sweep on a 2-core CPU, whose solve takes 0.2 s). Here
+the program that measures a run of blocks (`_sweep.measure` of a config, for arrays of
+given shapes) is exported once and stored; a later process deserializes it (a few ms)
+and calls it, and XLA's cache supplies the compiled code.
+
+An entry is keyed by everything the traced program depends on: the sweep's program
+settings (`_sweep._program`), the shapes, dtypes and tree structure of the inputs,
+their non-array parts, the backend, float64, the versions of jax and jaxlib, and a hash
+of polarize's own source files (so an edited checkout never reuses a program of the
+old code). Each entry is a `.json` file (that key material and the blob's sha256) and
+a `.bin` file (the serialized program). One that does not match its key (stale), or
+whose blob does not match its checksum or does not deserialize (corrupt), is rebuilt
+and overwritten, never used.
+
+Programs are stored only where the compile cache is on (the CLI; `POLARIZE_NO_CACHE`
+turns both off) and a run of blocks is on one device. A program that `jax.export`
+cannot serialize (host callbacks: the restarted solves of the stiff default) runs as
+before, traced in each process; its entry records that, so later processes do not
+try again.
+"""
+
+import functools
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import equinox as eqx
+import jax
+
+from ._storage import _atomic_write
+
+#: Bumped when the entry format changes.
+FORMAT = 1
+#: The in-process stand-in of a program that cannot be exported.
+_NOT_EXPORTABLE = object()
+
+
+def programs_dir() -> Path | None:
+    """Where exported programs are stored: beside JAX's compilation cache, or None."""
+    cache = jax.config.jax_compilation_cache_dir
+    if not cache:
+        return None
+    cache = Path(cache)
+    return cache.with_name(cache.name + "-programs")
+
+
+@functools.cache
+def source_hash() -> str:
+    """sha256 of polarize's source files (their paths and bytes)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class StoredProgram:
+    """fn(model, objective) -> dict of arrays, run as a stored exported program.
+
+    `name` and `settings` (JSON-able) name what `fn` computes besides its arguments;
+    the key adds the arguments' structure, shapes and dtypes (see the module doc).
+    """
+
+    def __init__(self, fn, name: str, settings: dict, folder: Path):
+        self.fn, self.name, self.settings, self.folder = fn, name, settings, Path(folder)
+        self._programs: dict = {}
+        self._lock = threading.Lock()
+        #: what the last calls did: "loaded", "exported" or "rebuilt (reason)", for tests
+        self.events: list[str] = []
+
+    def __call__(self, model, objective):
+        dyn, static = eqx.partition((model, objective), eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dyn)
+        material = self._material(leaves, treedef, static)
+        key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+        with self._lock:
+            program = self._programs.get(key)
+            if program is None:
+                program = self._programs[key] = self._load_or_export(key, material, treedef, static, leaves)
+        if program is _NOT_EXPORTABLE:
+            return self.fn(model, objective)
+        return program.call(leaves)
+
+    def _material(self, leaves, treedef, static) -> dict:
+        """The key material, as JSON reads it back (what a stored entry is compared with)."""
+        return json.loads(json.dumps(self._key_parts(leaves, treedef, static), sort_keys=True))
+
+    def _key_parts(self, leaves, treedef, static) -> dict:
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "settings": self.settings,
+            "inputs": str(treedef),
+            "static": repr(jax.tree.leaves(static)),
+            "shapes": [[list(x.shape), str(x.dtype)] for x in leaves],
+            "backend": jax.default_backend(),
+            "x64": bool(jax.config.jax_enable_x64),
+            "jax": jax.__version__,
+            "jaxlib": jax.lib.__version__,
+            "polarize": source_hash(),
+        }
+
+    def _load_or_export(self, key, material, treedef, static, leaves):
+        meta, blob = self.folder / f"{key}.json", self.folder / f"{key}.bin"
+        reason = self._check(meta, blob, material)
+        if reason == "not exportable":
+            self.events.append("not exportable")
+            return _NOT_EXPORTABLE
+        if reason is None:
+            try:
+                program = jax.export.deserialize(bytearray(blob.read_bytes()))
+            except Exception as e:  # noqa: BLE001 - any failure to read it is a corrupt entry
+                reason = f"does not deserialize: {type(e).__name__}"
+            else:
+                self.events.append("loaded")
+                return program
+
+        def fn(leaves):
+            model, objective = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
+            return self.fn(model, objective)
+
+        try:
+            program = jax.export.export(jax.jit(fn))(leaves)
+        except NotImplementedError as e:  # e.g. "serialization of host_callbacks is not yet implemented"
+            entry = {"material": material, "not_exportable": str(e)}
+            _atomic_write(meta, lambda f: f.write(json.dumps(entry, sort_keys=True).encode()))
+            self.events.append("not exportable")
+            return _NOT_EXPORTABLE
+        data = program.serialize()
+        _atomic_write(blob, lambda f: f.write(data))
+        entry = {"material": material, "sha256": hashlib.sha256(data).hexdigest()}
+        _atomic_write(meta, lambda f: f.write(json.dumps(entry, sort_keys=True).encode()))
+        self.events.append("exported" if reason == "missing" else f"rebuilt ({reason})")
+        return program
+
+    @staticmethod
+    def _check(meta: Path, blob: Path, material: dict) -> str | None:
+        """None where the stored entry is this program's, else why not."""
+        if not meta.exists():
+            return "missing"
+        try:
+            entry = json.loads(meta.read_text())
+            stored = entry["material"]
+        except (ValueError, KeyError, TypeError):
+            return "unreadable key"
+        if stored != material:
+            return "stale"
+        if entry.get("not_exportable"):
+            return "not exportable"
+        if not blob.exists():
+            return "missing"
+        if hashlib.sha256(blob.read_bytes()).hexdigest() != entry.get("sha256"):
+            return "checksum"
+        return None
