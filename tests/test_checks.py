@@ -125,7 +125,7 @@ def test_checks_on_concrete_values_compile_no_program():
 def test_check_on_accelerator_values_refuses_with_jax_numpy(name, build, good, bad, message, monkeypatch):
     """Concrete values on an accelerator are checked there with jax.numpy, not copied to the
     host: the same checks, the same messages (the branch forced here, as CPU runs lack one)."""
-    from polarize.core import _errors as errors
+    from polarize.core import _refuse as errors
 
     on_host = []
     monkeypatch.setattr(errors, "_in_host_memory", lambda leaf: on_host.append(leaf) and False)

@@ -2,9 +2,6 @@
 corrupt entry is detected and rebuilt, never used."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import equinox as eqx
@@ -14,8 +11,6 @@ import numpy as np
 
 import polarize as pz
 from polarize.runs._programs import StoredProgram
-
-ROOT = Path(__file__).parents[2]
 
 
 def _problem(seed=0):
@@ -93,19 +88,21 @@ def test_a_program_that_cannot_be_exported_runs_traced_and_is_remembered(tmp_pat
     assert again.events == ["not exportable"] and not list(tmp_path.glob("*.bin"))
 
 
-def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(tmp_path):
-    # polarize sweep with the compile cache on: the first process exports the program,
-    # the second loads it; both store exactly what a sweep without the cache stores
-    args = ["--inits", "40", "--t1", "200", "--n-save", "16", "--no-progress", "--overwrite"]
-    code = "import sys; from polarize.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "POLARIZE_NO_CACHE": "", "POLARIZE_CACHE_DIR": str(tmp_path / "cache")}
-    env["PYTHONPATH"] = str(ROOT)
+def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(tmp_path, monkeypatch):
+    # a first run exports the program, a later one (nothing in memory) loads it; both
+    # store exactly what a sweep that traces its program stores
+    from polarize.runs import _sweep
+
+    config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=200.0, n_save=16)
+    monkeypatch.setattr(_sweep, "programs_dir", lambda: tmp_path / "programs")
+    _sweep._stored.cache_clear()
     for name in ("exported", "loaded"):
-        cmd = [sys.executable, "-c", code, "sweep", *args, "--out", str(tmp_path / name)]
-        subprocess.run(cmd, env=env, check=True, capture_output=True)
-    assert len(list((tmp_path / "cache-programs").glob("*.bin"))) == 1
-    config = pz.SweepConfig(inits=40, t1=200.0, n_save=16)
-    pz.run_sweep(config, tmp_path / "traced")  # POLARIZE_NO_CACHE in the tests: no stored program
+        pz.run_sweep(config, tmp_path / name)
+        (program,) = [_sweep._stored(_sweep._program(config.resolved()), tmp_path / "programs")]
+        assert program.events == [name]
+        _sweep._stored.cache_clear()  # as in a new process
+    monkeypatch.setattr(_sweep, "programs_dir", lambda: None)
+    pz.run_sweep(config, tmp_path / "traced")
     reference = np.load(tmp_path / "traced" / "per_init.npz")
     for name in ("exported", "loaded"):
         stored = np.load(tmp_path / name / "per_init.npz")

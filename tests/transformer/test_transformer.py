@@ -318,14 +318,15 @@ def test_bad_model_input_messages():
 
 
 def polarize_main(argv: list[str]) -> int:
-    """Stand-in for the package's `main`: argparse + add_subcommands + one-line errors."""
+    """Stand-in for the package's `main`: argparse + add_subcommands + one-line errors
+    (a command validates its arguments, returns its job, and the job runs)."""
     from polarize.transformer.cli import add_subcommands
 
     parser = argparse.ArgumentParser(prog="polarize")
     add_subcommands(parser.add_subparsers(required=True))
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        return args.func(args)()
     except PolarizeError as e:
         print(f"polarize: error: {e}")
         return 2
