@@ -135,43 +135,31 @@ class SweepConfig:
 
     def build_norm(self):
         """The `AbstractNormalization` of `norm`, with its temperature or sink."""
-        from . import _build
-
-        return _build.norm(self)
+        return _builders().norm(self)
 
     def build_objective(self):
         """The sweep's target, an `AbstractObjective` shared by every initialization, from
         fold_in(key(seed), 2)."""
-        from . import _build
-
-        return _build.objective(self)
+        return _builders().objective(self)
 
     def build_solver(self):
         """The diffrax solver, or None for `flow`'s default."""
-        from . import _build
-
-        return _build.solver(self)
+        return _builders().solver(self)
 
     def build_model(self, start: int, stop: int):
         """Initializations start .. stop - 1 (each from (seed, i) alone), a `ValueAttention`."""
-        from . import _build
-
-        return _build.model(self, start, stop)
+        return _builders().model(self, start, stop)
 
     # -- what a sweep stores -------------------------------------------------------------
 
     def times(self) -> np.ndarray:
         """The saved times of every trajectory of the sweep (steps x lr for descent)."""
-        from . import _build
-
-        return _build.times(self)
+        return _builders().times(self)
 
     def solve_options(self):
         """The flow's settings of this sweep (its block size resolved): the one place a
         config turns into `SolveOptions`, with its hitting-time targets."""
-        from . import _build
-
-        return _build.solve_options(self)
+        return _builders().solve_options(self)
 
     def horizon(self) -> float:
         return self.t1 if self.method == "flow" else self.steps * self.lr
@@ -187,3 +175,11 @@ class SweepConfig:
 
     def fits_rate(self) -> bool:
         return self.objective in LOGISTIC
+
+
+def _builders():
+    """The module that builds a config's objects (`_build`): imported on first use, the one
+    lazy import of this module (see the module doc)."""
+    from . import _build
+
+    return _build
