@@ -17,7 +17,7 @@ from pathlib import Path
 from .core._choices import NORMALIZATION_NAMES
 from .core._errors import PolarizeError
 from .runs._config import METHODS, OBJECTIVES, SOLVERS, SweepConfig
-from .runs._folder import folder_kind, stored_config
+from .runs._folder import check_out, check_study_out, require_kind, stored_config
 from .runs._study_file import load_study
 from .transformer.cli import add_subcommands
 
@@ -80,6 +80,9 @@ def _add_sweep(sub) -> None:
     p.add_argument("--resume", type=Path, default=None, metavar="DIR", help="continue the run in DIR")
     p.add_argument("--sample", type=int, default=0, help="keep full trajectories of the first N inits")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--force", action="store_true", help="run even where the memory estimate exceeds the memory available"
+    )
     _add_distributed(p)
     p.set_defaults(func=_sweep)
 
@@ -99,11 +102,18 @@ def _sweep(args):
     if args.resume is not None:
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise PolarizeError("give either `--out` or `--resume`, not both with different folders")
+        if args.overwrite:
+            raise PolarizeError("`--overwrite` does not apply with `--resume`, which keeps the run's chunks")
         out = args.resume
         config = dataclasses.replace(stored_config(out), **given)
     else:
         out = args.out or Path("runs") / time.strftime("sweep-%Y%m%d-%H%M%S")
         config = SweepConfig(**given)
+        check_out(out, args.overwrite)
+    ignored = config.not_applicable(given)
+    if ignored:
+        flags = ", ".join(f"--{name.replace('_', '-')} ({why})" for name, why in ignored)
+        raise PolarizeError(f"option(s) that do not apply to this sweep: {flags}; leave them out")
     return lambda: _run_sweep(args, config, out)
 
 
@@ -118,10 +128,15 @@ def _run_sweep(args, config: SweepConfig, out: Path) -> int:
         resume=args.resume is not None,
         progress=not args.no_progress,
         sample=args.sample,
+        force=args.force,
     )
     if not summary:  # a process other than 0: process 0 reports
         return 0
     print(result_line(config, summary))
+    recomputed = summary.get("recomputed_chunks") or {}
+    if recomputed:
+        shown = ", ".join(f"{name} ({why})" for name, why in recomputed.items())
+        print(f"recomputed {len(recomputed)} damaged chunk(s): {shown}")
     failures = failure_line(summary)
     if failures:
         print(failures)
@@ -140,7 +155,7 @@ def _add_report(sub) -> None:
 
 
 def _report(args):
-    folder_kind(args.dir)
+    require_kind(args.dir)
     return lambda: _run_report(args.dir)
 
 
@@ -175,6 +190,7 @@ def _add_study(sub) -> None:
 def _study(args):
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
+    check_study_out(out)
     return lambda: _run_study(args, study, out)
 
 

@@ -85,7 +85,14 @@ def gathering(out: Path):
 
 
 def assemble(
-    config: SweepConfig, out: Path, gather: Gather, *, wall: float, sample: dict | None, figures: bool = True
+    config: SweepConfig,
+    out: Path,
+    gather: Gather,
+    *,
+    wall: float,
+    sample: dict | None,
+    figures: bool = True,
+    recomputed: dict | None = None,
 ) -> dict:
     """per_init.npz, series.npz, sample.npz and summary.json from a complete `gather`, then the figures.
 
@@ -95,7 +102,8 @@ def assemble(
     from their raw files into series.npz, so they are never whole in memory; the figures
     then read one series at a time. Figures that cannot be drawn (no finished
     initialization) are drawn empty with a note, never a crash; `figures=False` draws
-    none (a study's cells: `polarize report` draws them later).
+    none (a study's cells: `polarize report` draws them later). `recomputed` (chunk
+    file -> why its stored copy was not used) goes to summary.json as it is.
     """
     n_chunks = -(-config.inits // config.chunk_size)
     if len(gather.done) != n_chunks:
@@ -103,6 +111,7 @@ def assemble(
     arrays = {k: gather.array(k) for k in gather.layout if not k.startswith("snap_")}
     summary = summary_of(config, arrays)
     summary["wall_seconds"] = round(wall, 3)
+    summary["recomputed_chunks"] = dict(recomputed or {})
     write_npz(out / "per_init.npz", arrays)
     ts = config.times()[config.snapshot_index()]
     raw = {k: gather.raw(k) for k in gather.layout if k.startswith("snap_")}
@@ -143,11 +152,22 @@ class _FigureArrays(Mapping):
 def load_arrays(out) -> dict:
     """Per-initialization arrays of a finished sweep folder (snapshots as `series_*`)."""
     out = Path(out)
-    arrays = read_npz(out / "per_init.npz")
-    snaps = read_npz(out / "series.npz")
+    arrays, snaps = (_stored_arrays(out, name) for name in ("per_init.npz", "series.npz"))
     arrays["snap_ts"] = snaps["ts"]
     arrays.update({"series_" + k.removeprefix("snap_"): v for k, v in snaps.items() if k.startswith("snap_")})
     return arrays
+
+
+def _stored_arrays(out: Path, name: str) -> dict:
+    """A finished sweep's array file, or one line saying what is wrong with it."""
+    if not (out / name).is_file():
+        raise PolarizeError(f"`dir` {out} has no {name}: the sweep's assembly did not finish; resume it")
+    try:
+        return read_npz(out / name)
+    except ValueError:
+        raise PolarizeError(
+            f"`dir` {out}: {name} is damaged; resume the sweep to assemble it again"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +229,8 @@ def load_run(out) -> "Run":
     if not (out / "summary.json").exists():
         raise PolarizeError(f"`dir` {out} holds an unfinished sweep (no summary.json); resume it first")
     sample = read_npz(out / "sample.npz") if (out / "sample.npz").exists() else None
-    return Run(out, stored_config(out), read_json(out / "summary.json"), load_arrays(out), sample)
+    config = stored_config(out, "dir")
+    return Run(out, config, read_json(out / "summary.json"), load_arrays(out), sample)
 
 
 def failed_too_many(summary: dict) -> bool:
@@ -240,6 +261,9 @@ def result_line(config: SweepConfig, summary: dict) -> str:
         return "n/a" if x is None else f"{x:.3g}"
 
     level = 0.9 if 0.9 in config.levels else config.levels[-1]
+    unmeasured = summary.get("order_not_measurable") or 0
+    # where no logit moved by more than atol, the order is not measured (`order_statistics`)
+    unmeasured = f" ({unmeasured} with logits that never moved > atol: not measurable)" if unmeasured else ""
     horizon = f"t={config.t1:.3g}" if config.method == "flow" else f"{config.steps} steps lr={config.lr:g}"
     return (
         f"{config.norm}/{config.objective} {config.method} to {horizon}: "
@@ -250,6 +274,6 @@ def result_line(config: SweepConfig, summary: dict) -> str:
         f"median max weight {num(summary['median_max_weight'])}, "
         f"median entropy {num(summary['median_entropy'])}, "
         f"order preserved {pct(summary['order_preserved_fraction'])}, "
-        f"winner=argmax u0 {pct(summary['winner_is_argmax_u0_fraction'])} "
+        f"winner=argmax u0 {pct(summary['winner_is_argmax_u0_fraction'])}{unmeasured} "
         f"[{summary.get('wall_seconds', float('nan')):.1f} s]"
     )

@@ -36,7 +36,7 @@ import jax
 from ..core._errors import PolarizeError
 from ..figures._study import plot_study as draw_study
 from ..solve._devices import barrier
-from ._folder import resumed_config, stored_config
+from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
 from ._study_file import Study
@@ -54,10 +54,18 @@ def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool =
     spec = out / "study.json"
     if spec.exists() and read_json(spec) != _json_roundtrip(study.to_dict()):
         raise PolarizeError(f"{out} holds a different study; choose another --out")
+    check_study_out(out)
     if jax.process_index() == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(spec, study.to_dict())
-    barrier("polarize-study-start")
+        make_folder(out)
+    barrier("polarize-study-folder")
+    with FolderLock(out, jax.process_index(), jax.process_count()):
+        if jax.process_index() == 0:
+            write_json(spec, study.to_dict())
+        barrier("polarize-study-start")
+        return _run_cells(study, out, progress=progress, cell_figures=cell_figures)
+
+
+def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -> dict:
     failed = {}
     for name, config in study.cells():
         if isinstance(config, PolarizeError):
@@ -111,8 +119,8 @@ def write_table(study: Study, out: Path, failed: dict):
         row = {"cell": name, **{k: setting[k] for k in study.grid}}
         row["status"] = "failed" if name in failed else "ok"
         row["error"] = failed.get(name, "")
-        if name in runs:
-            row.update(runs[name].summary)
+        if name in runs:  # the summary's numbers (not its per-chunk notes)
+            row.update({k: v for k, v in runs[name].summary.items() if not isinstance(v, dict | list)})
         rows.append(row)
     table = pd.DataFrame(rows)
     table.to_csv(out / "study.csv", index=False)

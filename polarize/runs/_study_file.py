@@ -54,20 +54,39 @@ def statistic_names(config: SweepConfig) -> list[str]:
     return [*PER_INIT, *times, *FRACTIONS, *reached]
 
 
+def _check_base(path: Path, base: dict) -> None:
+    """A bad [base] value fails every cell: refused with the file, before anything runs."""
+    try:
+        SweepConfig(**base)
+    except PolarizeError as e:
+        raise PolarizeError(f"study file {path}: [base] {e}") from None
+
+
 def load_study(path) -> Study:
     """Read and validate a study file (a cell's invalid value fails that cell only, at run time)."""
     path = Path(path)
     if not path.exists():
         raise PolarizeError(f"study file {path} does not exist")
+    if path.is_dir():
+        raise PolarizeError(f"study file {path} is a folder; give a .toml file")
     try:
-        spec = tomllib.loads(path.read_text())
+        spec = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise PolarizeError(f"study file {path} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PolarizeError(f"study file {path} is not UTF-8 text; give a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise PolarizeError(f"study file {path} is not valid TOML: {e}") from None
+    if not spec.get("base") and not spec.get("grid"):
+        raise PolarizeError(f"study file {path} has no [base] or [grid] settings: nothing to run")
     unknown = sorted(set(spec) - {"name", "base", "grid", "plot"})
     if unknown:
         raise PolarizeError(f"study file {path}: unknown section(s) {unknown}; valid: name, base, grid, plot")
     valid = {f.name for f in dataclasses.fields(SweepConfig)}
     base, grid, plot = spec.get("base", {}), spec.get("grid", {}), spec.get("plot", {})
+    for section, keys in (("base", base), ("grid", grid), ("plot", plot)):
+        if not isinstance(keys, dict):
+            raise PolarizeError(f"study file {path}: [{section}] must be a table of settings")
     for section, keys in (("base", base), ("grid", grid)):
         bad = sorted(set(keys) - valid)
         if bad:
@@ -85,7 +104,14 @@ def load_study(path) -> Study:
         raise PolarizeError(f"study file {path}: [plot] x = {x!r} must be one of the grid keys {list(grid)}")
     y = plot.get("y", "max_weight")
     y = tuple([y] if isinstance(y, str) else y)
-    study = Study(str(spec.get("name", path.stem)), base, grid, x, y)
+    name = spec.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+= -]*", name):
+        raise PolarizeError(
+            f"study file {path}: name = {name!r} must be a plain folder name "
+            "(letters, digits, spaces, _ . + = -; no / and no leading dot)"
+        )
+    _check_base(path, base)
+    study = Study(name, base, grid, x, y)
     configs = [c for _, c in study.cells() if isinstance(c, SweepConfig)]
     if configs:
         names = statistic_names(configs[0])

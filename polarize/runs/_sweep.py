@@ -43,7 +43,18 @@ from ..solve._hitting import (
     restarted_hitting_times,
 )
 from ._config import SweepConfig
-from ._folder import check_same, package_versions, prepare_out, resumed_config, stored_config
+from ._folder import (
+    FolderLock,
+    check_out,
+    check_same,
+    make_folder,
+    package_versions,
+    prepare_out,
+    remove_interrupted_writes,
+    resumed_config,
+    settings_hash,
+    stored_config,
+)
 from ._programs import StoredProgram, programs_dir
 from ._results import Gather, assemble, gathering
 from ._storage import write_json
@@ -58,6 +69,61 @@ from ._store import ChunkStore
 #: threads (a 3e5 sweep, two runs each), and 4096 no faster. On a GPU or TPU each device
 #: takes one block at a time (see `run_chunk`).
 AT_ONCE_CPU = 16 * BLOCK_SIZE
+
+
+#: Memory of a CPU sweep, measured (benchmarks/NOTES.md, "Memory estimate"): the process
+#: itself (JAX, its programs), and per initialization in flight, float64 arrays of the
+#: data's size (the field's residuals and the solver's stages) and of the state's.
+BASE_BYTES = 0.7e9
+DATA_ARRAYS = 4
+STATE_ARRAYS = 40
+
+
+def memory_estimate(config: SweepConfig, threads: int) -> tuple[float, int]:
+    """(bytes, initializations in flight) of a CPU sweep of `config` at its peak, about:
+    the process, plus per initialization in flight (`AT_ONCE_CPU` per thread, at most a
+    chunk) its data-sized arrays (logistic-data and square hold the residual over every
+    sample), its state and, where the sweep keeps trajectories, its saved states."""
+    config = config.resolved()
+    flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
+    samples = {"logistic-data": 4 * config.dim, "square": config.dim}.get(config.objective, 0)
+    samples = (config.samples or samples) if samples else 0
+    state = (config.dim + 2) * config.tokens
+    per_init = DATA_ARRAYS * samples + STATE_ARRAYS * state
+    if config.method == "gd" or config.objective in ("square", "cross-entropy"):
+        per_init += config.n_save * (state + 2)  # trajectories kept for their statistics
+    return BASE_BYTES + 8.0 * flight * per_init, flight
+
+
+def _available_memory() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return float(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None  # not Linux: no check
+
+
+def check_memory(config: SweepConfig, *, force: bool = False) -> None:
+    """Refuse, with the estimate, a CPU sweep that will not fit in the memory available
+    (`memory_estimate`), unless `force`; where it would fit with fewer initializations in
+    flight, say which --chunk-size does (the chunk size never changes the numbers)."""
+    available = _available_memory()
+    if force or available is None or jax.default_backend() != "cpu":
+        return
+    threads = cpu_threads()
+    need, flight = memory_estimate(config, threads)
+    if need <= available:
+        return
+    per_init = (need - BASE_BYTES) / flight
+    block = config.resolved().block_size
+    fits = int((available - BASE_BYTES) // per_init) // block * block
+    hint = f"--chunk-size {fits} (the numbers do not depend on it)" if fits >= 1 else "smaller --samples"
+    raise PolarizeError(
+        f"this sweep needs about {need / 1e9:.1f} GB of memory ({flight} initializations in flight "
+        f"on {threads} threads) and {available / 1e9:.1f} GB are available; use {hint}, "
+        "or pass --force to run it anyway"
+    )
 
 
 def solve(config: SweepConfig, model, objective) -> Trajectory:
@@ -108,7 +174,7 @@ def _solved(config: SweepConfig):
             traj = result
         else:
             traj, times = solve_with_times(config, model, objective)
-        stats = final_statistics(traj, objective, keep=config.snapshot_index())
+        stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
     return solved
@@ -125,7 +191,7 @@ def _reducer(config: SweepConfig):
     def reduce(path, a, weights, loss, ok, objective):
         flags = order_flags_apply(objective, path, a)
         b = objective.direction() if flags else jnp.zeros(1, a.dtype)
-        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep)
+        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=config.atol)
         if rate:
             fit = logistic_rate(ts, jnp.max(distribution(weights), axis=-1), t1=t1)
             out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
@@ -256,6 +322,7 @@ def run_sweep(
     sample: int = 0,
     devices=None,
     figures: bool = True,
+    force: bool = False,
 ) -> dict:
     """Run (or resume) a sweep in `out`; returns the summary (also in summary.json).
 
@@ -264,6 +331,8 @@ def run_sweep(
     (`jax.distributed.initialize()` first), each computes its share of chunks and
     process 0 assembles the results (the others return an empty dict). `figures=False`
     skips the four PNGs (`polarize report DIR` draws them from the stored results).
+    A CPU sweep that will not fit in memory is refused with its estimate unless `force`
+    (`check_memory`). `out` is locked while this process writes it (`_folder.FolderLock`).
     """
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
@@ -275,49 +344,71 @@ def run_sweep(
         check_same(stored_config(out), config, out)
     else:
         config = config.resolved()  # the block size is part of the numbers: stored resolved
-    if not resume and jax.process_index() == 0:
-        prepare_out(out, overwrite)
-        write_json(out / "config.json", {"sweep": config.to_dict(), "versions": package_versions()})
-    barrier("polarize-sweep-start")
+        if jax.process_index() == 0:
+            check_out(out, overwrite)  # refused before a lock file is made in a folder not ours
+    check_memory(config, force=force)
+    with contextlib.ExitStack() as stack:
+        # every process locks the folder (its own lock file) before anything is read or written
+        if jax.process_index() == 0 or resume:
+            make_folder(out)
+        barrier("polarize-sweep-folder")
+        stack.enter_context(FolderLock(out, jax.process_index(), jax.process_count()))
+        if jax.process_index() == 0:
+            if resume:
+                remove_interrupted_writes(out)
+            else:
+                prepare_out(out, overwrite)
+                write_json(out / "config.json", {"sweep": config.to_dict(), "versions": package_versions()})
+        barrier("polarize-sweep-start")
+        return _run_locked(
+            config, out, stack, progress=progress, sample=sample, devices=devices, figures=figures
+        )
+
+
+def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devices, figures) -> dict:
+    """`run_sweep` once `out` is locked and holds the run's config.json."""
     ranges = chunks(config.inits, config.chunk_size)
-    store = ChunkStore(out, ranges, REQUIRED)
+    store = ChunkStore(out, ranges, REQUIRED, settings_hash(config))
     todo = [i for i in my_chunks(len(ranges)) if not store.done(i)]
+    store.save_if_rebuilt()
     started = time.perf_counter()
     assembler = jax.process_index() == 0
     if assembler and figures:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
         threading.Thread(target=pyplot).start()
     bar = _progress(progress, ranges, todo)
-    with contextlib.ExitStack() as stack:
-        # process 0 gathers its chunks for the assembly as they are finished
-        gather = Gather(config.inits, stack.enter_context(gathering(out))) if assembler else None
+    # process 0 gathers its chunks for the assembly as they are finished
+    gather = Gather(config.inits, stack.enter_context(gathering(out))) if assembler else None
 
-        def finish(i, part):  # on disk, gathered, then the chunk's memory handed back
-            store.write(i, part)
-            if gather is not None:
-                gather.add(i, ranges[i][0], part)
-            _release_free_memory()
-            if bar is not None:
-                bar.update(ranges[i][1] - ranges[i][0])
-
-        # chunk i is written while chunk i + 1 is computed (writing and trimming memory took
-        # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
-        with ThreadPoolExecutor(1) as writer:
-            written = None
-            for i in todo:
-                part = run_chunk(config, *ranges[i], devices=devices)
-                if written is not None:
-                    written.result()  # a failed write stops the sweep here
-                written = writer.submit(finish, i, part)
-            if written is not None:
-                written.result()
+    def finish(i, part):  # on disk, gathered, then the chunk's memory handed back
+        store.write(i, part)
+        if gather is not None:
+            gather.add(i, ranges[i][0], part)
+        _release_free_memory()
         if bar is not None:
-            bar.close()
-        barrier("polarize-sweep-chunks")
-        if not assembler:
-            return {}
-        _complete(config, store, gather)
-        wall = time.perf_counter() - started
-        return assemble(config, out, gather, wall=wall, sample=_sample(config, sample), figures=figures)
+            bar.update(ranges[i][1] - ranges[i][0])
+
+    # chunk i is written while chunk i + 1 is computed (writing and trimming memory took
+    # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
+    with ThreadPoolExecutor(1) as writer:
+        written = None
+        for i in todo:
+            part = run_chunk(config, *ranges[i], devices=devices)
+            if written is not None:
+                written.result()  # a failed write stops the sweep here
+            written = writer.submit(finish, i, part)
+        if written is not None:
+            written.result()
+    if bar is not None:
+        bar.close()
+    barrier("polarize-sweep-chunks")
+    if not assembler:
+        return {}
+    _complete(config, store, gather)
+    wall = time.perf_counter() - started
+    recomputed = {store.path(i).name: why for i, why in sorted(store.problems.items())}
+    return assemble(
+        config, out, gather, wall=wall, sample=_sample(config, sample), figures=figures, recomputed=recomputed
+    )
 
 
 def _complete(config: SweepConfig, store: ChunkStore, gather: Gather) -> None:
