@@ -48,6 +48,15 @@ class AbstractObjective(eqx.Module):
         return self(b * (margin / jnp.dot(b, b)))
 
     @property
+    def beta_dim(self) -> int | None:
+        """The dimension of the beta this loss takes: the last axis of its first array
+        (b, X or p); None for an objective that does not say."""
+        name = next(iter(self.core_ndim), None)
+        if name not in ("b", "X", "p"):
+            return None
+        return getattr(self, name).shape[-1]
+
+    @property
     def batch_size(self) -> int | None:
         for name, nd in self.core_ndim.items():
             x = getattr(self, name)

@@ -259,6 +259,19 @@ def choose_field(
     return cls()
 
 
+def same_dimension(model: AbstractModel, objective: AbstractObjective) -> None:
+    """Refuse a model whose beta = V sigma(a) has another dimension than the objective's."""
+    want = objective.beta_dim
+    if want is None or not hasattr(model, "values"):
+        return
+    dim = jax.eval_shape(model.values).shape[-2]  # values: (*inits, dim, tokens); shapes only
+    if dim != want:
+        raise PolarizeError(
+            f"`model` gives beta of dimension {dim} but `objective` {type(objective).__name__} "
+            f"takes dimension {want}; build both with the same dim"
+        )
+
+
 def prepare(
     model: AbstractModel,
     objective: AbstractObjective,
@@ -276,4 +289,5 @@ def prepare(
     precision = precision or jnp.dtype(float_dtype(model)).name
     model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)
+    same_dimension(model, objective)
     return model, objective, choose_field(model, objective, path, euclidean=euclidean)

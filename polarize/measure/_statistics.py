@@ -22,6 +22,8 @@ from ..core.status import counts
 
 #: Per-time series computed for every initialization, shape (*inits, times).
 SERIES = ("max_weight", "entropy", "eff_tokens", "winner", "top_share", "loss")
+#: Default `atol` of the order statistics: the flow's default absolute tolerance.
+ATOL = 1e-8
 
 
 #: Squarings at most of the normalized Gram matrix in `top_singular_share`: eigenvalues
@@ -106,35 +108,44 @@ def _series_of(path: ValuePath, weights, loss) -> dict[str, Array]:
     return {**weight_series(weights), "top_share": top_singular_share(path.dense()), "loss": loss}
 
 
-def order_statistics(traj: Trajectory, objective: AbstractObjective) -> dict[str, Array]:
+def order_statistics(
+    traj: Trajectory, objective: AbstractObjective, *, atol: float = ATOL
+) -> dict[str, Array]:
     """Order preservation and winner = argmax u(0), where u = V^T b (direction objectives).
 
     `order_preserved`: neither the u_j nor the logits a_j ever cross over the saved
     times (pairs tied at a time, e.g. a(0) = 0, count as no crossing). It is sampled
     at the saved times, not at every solver step (summaries say so in
     `order_checked_at`): a crossing undone between two saves is not seen.
+    `order_measurable`: some logit moved by more than `atol` (the flow's absolute
+    tolerance) from a(0). Where none did, the logits' order and the winner are set
+    by solver error, not by the dynamics: the ensemble fractions leave these
+    initializations out and count them (`order_not_measurable`).
     Returns an empty dict for objectives without a direction.
     """
     b = objective.direction()
     if b is None or traj.a.shape[-1] != traj.value_path.shape[-1]:
         return {}
     if not traj.batched:
-        return {k: v[0] for k, v in order_statistics(_as_batch(traj), objective).items()}
+        return {k: v[0] for k, v in order_statistics(_as_batch(traj), objective, atol=atol).items()}
     b = jnp.broadcast_to(b, traj.ok.shape + b.shape[-1:])
-    return jax.vmap(_order_flags)(traj.value_path, traj.a, traj.weights, b)
+    return jax.vmap(lambda *x: _order_flags(*x, atol=atol))(traj.value_path, traj.a, traj.weights, b)
 
 
-def _order_flags(path: ValuePath, a, weights, b) -> dict[str, Array]:
+def _order_flags(path: ValuePath, a, weights, b, *, atol: float = ATOL) -> dict[str, Array]:
     """The order statistics of one initialization (times first)."""
     u = path.project(b)
     winner = jnp.argmax(distribution(weights[-1]), axis=-1)
     return {
         "order_preserved": _never_crosses(u) & _never_crosses(a),
         "winner_is_argmax_u0": winner == jnp.argmax(u[0], axis=-1),
+        "order_measurable": jnp.max(jnp.abs(a - a[:1])) > atol,
     }
 
 
-def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=None) -> dict[str, Array]:
+def final_statistics(
+    traj: Trajectory, objective: AbstractObjective, *, keep=None, atol: float = ATOL
+) -> dict[str, Array]:
     """Per-initialization final statistics of a batched trajectory, from finite states only.
 
     `final_<name>` for max weight, entropy, effective tokens, winner, top singular
@@ -150,19 +161,22 @@ def final_statistics(traj: Trajectory, objective: AbstractObjective, *, keep=Non
     flags = order_flags_apply(objective, traj.value_path, traj.a)
     b = jnp.broadcast_to(b, (n,) + b.shape[-1:]) if flags else jnp.zeros((n, 1), traj.a.dtype)
     keep = None if keep is None else tuple(int(k) for k in np.asarray(keep).reshape(-1))  # static
-    return _final_by_block(traj.value_path, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep)
+    return _final_by_block(traj.value_path, traj.a, traj.weights, traj.loss, traj.ok, b, flags, keep, atol)
 
 
 @eqx.filter_jit
 @exact_matmuls
-def _final_by_block(path, a, weights, loss, ok, b, flags, keep):
-    one = lambda arrays: final_of_one(*arrays, flags=flags, keep=keep)
+def _final_by_block(path, a, weights, loss, ok, b, flags, keep, atol):
+    one = lambda arrays: final_of_one(*arrays, flags=flags, keep=keep, atol=atol)
     return blockwise(one, (path, a, weights, loss, ok, b))
 
 
-def final_of_one(path: ValuePath, a, weights, loss, ok, b, *, flags: bool, keep) -> dict[str, Array]:
+def final_of_one(
+    path: ValuePath, a, weights, loss, ok, b, *, flags: bool, keep, atol: float = ATOL
+) -> dict[str, Array]:
     """`final_statistics` of ONE initialization (times first); `flags`: with the order
-    statistics along direction b; `keep`: a static tuple of saved-time indices or None."""
+    statistics along direction b (`atol`: see `order_statistics`); `keep`: a static
+    tuple of saved-time indices or None."""
     # failed states are replaced by a finite stand-in, and their numbers by NaN
     path, a, weights, loss = jax.tree.map(
         lambda x: jnp.where(ok, x, jnp.zeros_like(x)), (path, a, weights, loss)
@@ -176,7 +190,7 @@ def final_of_one(path: ValuePath, a, weights, loss, ok, b, *, flags: bool, keep)
     out["final_top_share"] = top_singular_share(path.at(-1))
     out["final_loss"] = loss[-1]
     if flags:
-        out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b).items()})
+        out.update({f"final_{k}": v for k, v in _order_flags(path, a, weights, b, atol=atol).items()})
     if keep is not None:
         at = np.searchsorted(times, np.asarray(keep) % n_times)
         out["snap_max_weight"] = every["max_weight"][at].astype(jnp.float32)
@@ -227,9 +241,17 @@ class Summary:
 
 
 def summarize(
-    traj: Trajectory, objective: AbstractObjective, *, threshold: float = 0.9, hitting: dict | None = None
+    traj: Trajectory,
+    objective: AbstractObjective,
+    *,
+    threshold: float = 0.9,
+    hitting: dict | None = None,
+    atol: float = ATOL,
 ) -> Summary:
     """Per-initialization statistics and ensemble aggregates of a trajectory.
+
+    `atol`: the logits' smallest measurable move for the order statistics (the flow's
+    absolute tolerance; see `order_statistics`).
 
     Works for one initialization too (it is treated as an ensemble of one).
     `hitting`: per-initialization hitting times (`polarize.hitting_times`) or rates to
@@ -240,7 +262,7 @@ def summarize(
         hitting = None if hitting is None else {k: np.asarray(v)[None] for k, v in hitting.items()}
     ser = {k: np.asarray(v) for k, v in _series_by_block(traj).items()}
     final = {k: v[:, -1] for k, v in ser.items()}
-    final.update({k: np.asarray(v) for k, v in order_statistics(traj, objective).items()})
+    final.update({k: np.asarray(v) for k, v in order_statistics(traj, objective, atol=atol).items()})
     final.update({k: np.asarray(v) for k, v in (hitting or {}).items()})
     final["ok"] = np.asarray(traj.ok)
     final["status"] = np.asarray(traj.status)
@@ -275,11 +297,12 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
 
     ok = np.asarray(final["ok"], bool)
     n = int(ok.size)
+    measurable = ok & np.asarray(final.get("order_measurable", ok), bool)
 
-    def over_ok(name, fn):
-        if name not in final or not ok.any():
+    def over_ok(name, fn, where=ok):
+        if name not in final or not where.any():
             return None
-        return float(fn(np.asarray(final[name])[ok]))
+        return float(fn(np.asarray(final[name])[where]))
 
     out = {
         "n_inits": n,
@@ -291,11 +314,12 @@ def aggregate(final: dict, threshold: float = 0.9) -> dict:
         "median_eff_tokens": over_ok("eff_tokens", np.median),
         "median_top_share": over_ok("top_share", np.median),
         "median_loss": over_ok("loss", np.median),
-        "order_preserved_fraction": over_ok("order_preserved", np.mean),
-        "winner_is_argmax_u0_fraction": over_ok("winner_is_argmax_u0", np.mean),
+        "order_preserved_fraction": over_ok("order_preserved", np.mean, measurable),
+        "winner_is_argmax_u0_fraction": over_ok("winner_is_argmax_u0", np.mean, measurable),
     }
     if "order_preserved" in final:
         out["order_checked_at"] = "saved times"
+        out["order_not_measurable"] = int(np.sum(ok & ~measurable))
     if "status" in final:
         out.update({f"failed_{name}": k for name, k in counts(np.asarray(final["status"])[~ok]).items()})
     for name in final:

@@ -28,7 +28,7 @@ from ..core._choices import (
     check_levels,
     time_names,
 )
-from ..core._errors import PolarizeError, check_choice, check_positive
+from ..core._errors import PolarizeError, check_choice, check_positive, check_type
 
 #: objective name -> what the sweep's target is (built by `_build.OBJECTIVES`).
 OBJECTIVES = {
@@ -87,6 +87,19 @@ class SweepConfig:
     block_size: int | None = None  # None: by backend (`SIZES`); part of the numbers' bit-identity
 
     def __post_init__(self):
+        # strict types first: a bool is not an integer, 8.0 is not one, "8" is not a number
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "levels" or (value is None and field.default is None):
+                continue
+            kind = _KINDS.get(field.type, "number")
+            check_type(field.name, value, kind)
+            if kind != "string":  # 300 and 300.0 are one setting (and one settings hash)
+                object.__setattr__(self, field.name, (int if kind == "integer" else float)(value))
+        if not -(2**63) <= self.seed < 2**63:
+            raise PolarizeError(f"`seed` must be a 64-bit integer, |seed| < 2**63; got {self.seed}")
+        if self.n_save < 2:
+            raise PolarizeError(f"`n_save` must be >= 2 (the first and last saved times); got {self.n_save}")
         check_choice("objective", self.objective, OBJECTIVES)
         check_choice("norm", self.norm, NORMALIZATION_NAMES)
         check_choice("method", self.method, METHODS)
@@ -110,6 +123,16 @@ class SweepConfig:
         if not 0 < self.loss_fraction < 1:
             raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {self.loss_fraction!r}")
         object.__setattr__(self, "levels", check_levels(self.levels))
+
+    def not_applicable(self, names) -> list[tuple[str, str]]:
+        """Of the settings `names` (given by a user), those this config does not use, each
+        with where it applies: [("temperature", "only for norm softmax"), ...]."""
+        out = []
+        for name in names:
+            rule = _APPLIES.get(name)
+            if rule is not None and getattr(self, rule[0]) not in rule[1]:
+                out.append((name, f"only for {rule[0]} {' or '.join(rule[1])}"))
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "SweepConfig":
@@ -175,6 +198,19 @@ class SweepConfig:
 
     def fits_rate(self) -> bool:
         return self.objective in LOGISTIC
+
+
+#: a field's annotation -> the kind `check_type` checks (anything else: "number")
+_KINDS = {str: "string", int: "integer", int | None: "integer"}
+#: setting -> (the setting it depends on, the values where it is used)
+_APPLIES = {
+    "temperature": ("norm", ("softmax",)),
+    "sink": ("norm", ("softmax1",)),
+    "kappa": ("objective", ("square",)),
+    "samples": ("objective", ("logistic-data", "square")),
+    **{name: ("method", ("flow",)) for name in ("t1", "rtol", "atol", "solver", "max_steps")},
+    **{name: ("method", ("gd",)) for name in ("lr", "steps")},
+}
 
 
 def _builders():

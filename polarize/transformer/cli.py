@@ -109,6 +109,15 @@ def _run_grid(task: str, args, lists: dict) -> int:
                 f"CLS sparsity {e['sparsity']:.3f}"
             )
     print(f"results in {args.out}")
+    failed = summary.get("failed_runs", {})
+    if failed:
+        shown = "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]) + (
+            "; ..." if len(failed) > 5 else ""
+        )
+        print(
+            f"{len(failed)} of {summary['units']} runs failed and are left out of the numbers above: {shown}"
+        )
+        return 1
     return 0
 
 

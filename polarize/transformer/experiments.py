@@ -9,7 +9,6 @@ finished run, written atomically: an interrupted run restarts where it stopped),
 
 import dataclasses
 import importlib.metadata
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import numpy as np
 
 from ..core._errors import PolarizeError, check_choice, check_positive
 from ..measure import sinks
+from ..runs._folder import FolderLock, make_folder, prepare_out
 from ..runs._storage import read_json, read_npz, write_json, write_npz
 from . import figures, train
 from .attention import ATTENTIONS, make_attention
@@ -84,8 +84,8 @@ class Config:
             check_positive("lr", lr)
         if self.batch > self.train_size:
             raise PolarizeError(f"`batch` must be at most `train-size`={self.train_size}; got {self.batch}")
-        if self.aux_weight < 0:
-            raise PolarizeError(f"`aux-weight` must be >= 0; got {self.aux_weight}")
+        if not self.aux_weight >= 0 or self.aux_weight == float("inf"):  # NaN fails `>=`
+            raise PolarizeError(f"`aux-weight` must be a finite number >= 0; got {self.aux_weight}")
         if self.record_every < 0:
             raise PolarizeError(f"`record-every` must be >= 0 (0: once per epoch); got {self.record_every}")
         if self.task == "induction" and not 0 <= self.sink_layer < min(self.layers):
@@ -199,22 +199,23 @@ def unit_name(v: dict, seed: int) -> str:
 
 
 def prepare(out: Path, config: Config, overwrite: bool) -> None:
-    """Create `out`, resume it if it holds this config, refuse or clear it otherwise."""
+    """Create `out`, resume it if it holds this config, refuse or clear it otherwise (the
+    caller holds its lock). `overwrite` deletes only a lab run's own files (`_folder`)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise PolarizeError(f"`--out` must be a directory; got file {out}")
     stored = out / "config.json"
-    if out.exists() and any(out.iterdir()):
-        same = stored.exists() and _without_versions(read_json(stored)) == config.to_json()
+    names = [p.name for p in out.iterdir() if not p.name.startswith(".lock")]
+    if names:
+        try:
+            same = stored.is_file() and _without_versions(read_json(stored)) == config.to_json()
+        except (OSError, ValueError, UnicodeDecodeError):
+            same = False
         if not same and not overwrite:
             raise PolarizeError(
                 f"`--out` {out} is not empty and holds a different config (or none); "
                 "pass --overwrite to replace it or choose another directory"
             )
         if not same:
-            shutil.rmtree(out / "units", ignore_errors=True)
-            for f in [stored, out / "summary.json", *out.glob("*.png")]:
-                f.unlink(missing_ok=True)
+            prepare_out(out, overwrite=True, kind="lab")
     write_json(stored, dict(config.to_json(), versions=versions()))
 
 
@@ -316,8 +317,13 @@ def train_variant(config: Config, v: dict, keys) -> list[dict]:
 
 def run(config: Config, out, *, overwrite: bool = False, log: Callable = print) -> dict:
     """Train every unfinished (variant, seed) of `config` into `out`; return the summary."""
-    out = Path(out)
-    prepare(out, config, overwrite)
+    out = make_folder(Path(out))
+    with FolderLock(out):
+        prepare(out, config, overwrite)
+        return _train_all(config, out, log)
+
+
+def _train_all(config: Config, out: Path, log: Callable) -> dict:
     for v in variants(config):
         todo = [s for s in range(config.seeds) if not (out / "units" / f"{unit_name(v, s)}.npz").exists()]
         if not todo:
@@ -398,9 +404,24 @@ def _induction_entry(config: Config, group: list[dict]) -> dict:
     return entry
 
 
+def diverged_at(unit: dict) -> int | None:
+    """The first recorded step whose mean training loss is not finite (the record at step
+    0 has no loss yet, NaN by design), or None: a run that diverged has failed."""
+    loss, steps = np.asarray(unit["history_loss"]), np.asarray(unit["history_step"])
+    bad = ~np.isfinite(loss[1:])
+    return int(steps[1:][np.argmax(bad)]) if bad.any() else None
+
+
 def summarize(config: Config, out: Path) -> dict:
-    """Per normalization (and per variant): run counts and the paper's metrics."""
-    units = load_units(config, out)
+    """Per normalization (and per variant): run counts and the paper's metrics, over the
+    runs that did not diverge; those are listed in `failed_runs` with their step."""
+    units, failed = [], {}
+    for u in load_units(config, out):
+        step = diverged_at(u)
+        if step is None:
+            units.append(u)
+        else:
+            failed[unit_name(u, u["seed"])] = f"training loss not finite from step {step}"
     groups: dict = {"by_norm": {}, "by_variant": {}}
     for key, select in [("by_norm", lambda u: u["norm"]), ("by_variant", lambda u: unit_name(u, 0)[:-3])]:
         for name in dict.fromkeys(select(u) for u in units):
@@ -423,7 +444,8 @@ def summarize(config: Config, out: Path) -> dict:
     return dict(
         task=config.task,
         steps=config.steps,
-        units=len(units),
+        units=len(units) + len(failed),
         expected_units=len(variants(config)) * config.seeds,
+        failed_runs=failed,
         **groups,
     )

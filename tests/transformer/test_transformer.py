@@ -375,6 +375,20 @@ def test_induction_cli_resumes_and_refuses(small_run, tmp_path, capsys):
     assert not first.exists()  # the old config's units are gone
 
 
+def test_a_diverged_run_is_reported_failed_and_overwrite_keeps_foreign_files(small_run, tmp_path, capsys):
+    out = tmp_path / "diverged"
+    assert polarize_main(SMALL_SOFTMAX[:-1] + ["1", "--lr", "1e6", "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "1 of 1 runs failed" in printed and "training loss not finite from step" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["failed_runs"]) == ["softmax_L2_H2_lr1e+06_s0"] and summary["by_norm"] == {}
+    # --overwrite replaces a lab run's own files only
+    (out / "notes.txt").write_text("mine")
+    assert polarize_main(SMALL_SOFTMAX[:-1] + ["1", "--out", str(out), "--overwrite"]) == 2
+    assert "did not write (notes.txt)" in capsys.readouterr().out
+    assert (out / "notes.txt").read_text() == "mine" and (out / "summary.json").exists()
+
+
 def test_sinks_cli_on_the_experiments_own_maps(small_run, tmp_path, capsys):
     """`polarize sinks` on a unit's stored example map prints the same alpha_0 as the lab's
     `sinks.importance`; the summary counts layer `sink_layer` only."""
