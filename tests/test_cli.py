@@ -144,7 +144,10 @@ def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys):
     (out / "something").write_text("x")
     assert main(["sweep", *SMALL, "--out", str(out)]) == 2
     assert "is not empty; pass --resume" in capsys.readouterr().err
-    assert main(["sweep", *SMALL, "--out", str(out), "--overwrite"]) == 0
+    # --overwrite replaces a sweep's own files only: a folder that is no run is kept whole
+    assert main(["sweep", *SMALL, "--out", str(out), "--overwrite"]) == 2
+    assert "not a polarize run folder" in capsys.readouterr().err
+    assert (out / "something").read_text() == "x"
 
 
 def test_entry_point_exits_nonzero_without_traceback(tmp_path):

@@ -104,7 +104,10 @@ def write_npz_streamed(path, arrays: dict, raw: dict) -> None:
 def read_npz(path) -> dict:
     """Read every array of an `.npz` (no pickle); raise `ValueError` if it is corrupt."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a plain .npy array, not an archive
+            raise ValueError("a single array (.npy), not an .npz archive of named arrays")
+        with loaded as z:
             return {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
         raise ValueError(f"corrupt or unreadable array file {path}: {e}") from e

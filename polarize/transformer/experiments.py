@@ -85,7 +85,7 @@ class Config:
         if self.batch > self.train_size:
             raise PolarizeError(f"`batch` must be at most `train-size`={self.train_size}; got {self.batch}")
         if not self.aux_weight >= 0 or self.aux_weight == float("inf"):  # NaN fails `>=`
-            raise PolarizeError(f"`aux-weight` must be a finite number >= 0; got {self.aux_weight}")
+            raise PolarizeError(f"`aux-weight` must be >= 0; got {self.aux_weight} (a finite number)")
         if self.record_every < 0:
             raise PolarizeError(f"`record-every` must be >= 0 (0: once per epoch); got {self.record_every}")
         if self.task == "induction" and not 0 <= self.sink_layer < min(self.layers):
