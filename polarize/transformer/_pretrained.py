@@ -137,6 +137,15 @@ def vocab_size(model) -> int:
     return int(model.get_input_embeddings().num_embeddings)
 
 
+def max_positions(model) -> int | None:
+    """The longest sequence a model with learned positions takes (None: no limit known)."""
+    for field in ("max_position_embeddings", "n_positions"):
+        value = getattr(model.config, field, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 def stream_metrics(model, sequences, key: int = 0, mass: str = SINK_MASS) -> dict:
     """Per-sequence, per-layer, per-head metrics `[sequences, layers, heads]` (as
     `sinks.head_metrics` returns them) of `model` on each 1-d token array of `sequences`,
@@ -146,10 +155,11 @@ def stream_metrics(model, sequences, key: int = 0, mass: str = SINK_MASS) -> dic
     from ..measure import sinks
 
     modules = attention_modules(model)
+    output_index = {id(m): i for m, i in modules}
     layers: list[dict] = []
 
     def reduce(module, args, output):
-        index = modules_index[id(module)]
+        index = output_index[id(module)]
         weights = output[index] if isinstance(output, tuple) and len(output) > index else None
         if weights is None:
             raise PolarizeError(
@@ -168,7 +178,6 @@ def stream_metrics(model, sequences, key: int = 0, mass: str = SINK_MASS) -> dic
         )
         return (*output[:index], None, *output[index + 1 :])
 
-    modules_index = {id(m): i for m, i in modules}
     handles = [m.register_forward_hook(reduce) for m, _ in modules]
     per_sequence = []
     try:

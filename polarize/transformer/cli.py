@@ -295,11 +295,12 @@ def _sequences(args, model, name: str, revision, source, max_tokens: int) -> lis
         raise PolarizeError(
             f"`--token-ids` holds id {top}, outside the vocabulary of {name!r} (0..{vocab - 1})"
         )
-    shortest = min(len(s) for s in source)
+    shortest, longest = min(len(s) for s in source), max(len(s) for s in source)
     if not args.k < shortest:
-        raise PolarizeError(
-            f"`--k` must be below the number of tokens of every sequence (shortest {shortest})"
-        )
+        raise PolarizeError(f"`--k` must be below the number of tokens of every sequence: {shortest}")
+    limit = _pretrained.max_positions(model)
+    if limit is not None and longest > limit:
+        raise PolarizeError(f"{name!r} takes at most {limit} tokens; lower `--max-tokens` (now {max_tokens})")
     return source
 
 

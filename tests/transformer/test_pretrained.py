@@ -193,6 +193,7 @@ def saved(tmp_path_factory):
     transformers.MambaForCausalLM(mamba).save_pretrained(folder / "mamba")
     np.save(folder / "big.npy", np.full((2, 8), VOCAB + 5))
     np.save(folder / "short.npy", np.zeros((2, 4), dtype=np.int64))
+    np.save(folder / "long.npy", np.zeros((1, 80), dtype=np.int64))  # GPT-2 here has 64 positions
     (folder / "empty.txt").write_text("\n  \n")
     (folder / "short.txt").write_text("w1 w2\n")
     return folder
@@ -208,6 +209,7 @@ BAD = {
     "k >= tokens (ids)": ("--model {d}/gpt2 --k 4 " + IDS, "`--k` must be below"),
     "k >= tokens (text)": ("--model {d}/gpt2 --text {d}/short.txt --k 2", "`--k` must be below"),
     "text and ids": ("--model {d}/gpt2 --text {d}/empty.txt " + IDS, "either `--text FILE` or `--token-ids"),
+    "longer than the positions": ("--model {d}/gpt2 --token-ids {d}/long.npy", "takes at most 64 tokens"),
     "an unknown mass": ("--model {d}/gpt2 --mass signed " + IDS, "`--mass`"),
     "two models, revisions": ("--model {d}/gpt2 {d}/gpt2 --revisions a " + IDS, "needs exactly one"),
 }
