@@ -164,7 +164,7 @@ def head_metrics(attention, key: int = 0, mass: str = SINK_MASS) -> dict:
     `bos_share`, `sparsity`, `entropy`, `nonfinite` (the number of NaN or inf weights), and
     for square maps `alpha` (importance of key `key`) and `bidirectional` (one bool for
     the whole array, see `convention`). The streamed path of `polarize sinks --model` calls
-    it on one layer at a time, `head_table` on the whole array: the same numbers."""
+    it on one head of one layer at a time, `head_table` on the whole array: the same numbers."""
     a = np.asarray(attention, dtype=np.float64)
     metrics = {
         "bos_share": bos_share(a, mass),
