@@ -242,6 +242,8 @@ def test_help_and_bad_input_answer_before_jax_is_imported(tmp_path):
     # every command validates its arguments without JAX (the package's names load on first use)
     study = tmp_path / "bad.toml"
     study.write_text('[grid]\nkappa = [1.0]\n[plot]\ny = "no_such_statistic"\n')
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     cases = [
         (["--help"], 0, "COMMAND"),
         (["sweep", "--help"], 0, "--inits"),
@@ -251,6 +253,8 @@ def test_help_and_bad_input_answer_before_jax_is_imported(tmp_path):
         (["study", str(study)], 2, "is not a statistic"),
         (["report", str(tmp_path)], 2, "is neither a sweep folder"),
         (["sinks", str(tmp_path / "none.npz")], 2, "must be an existing .npz file"),
+        (["sinks", "--model", str(tmp_path / "none"), "--text", str(study)], 2, "`--model`"),
+        (["sinks", "--model", str(tmp_path), "--text", str(empty)], 2, "`--text`"),
         (["induction", "--out", str(tmp_path / "i"), "--heads", "two"], 2, "`--heads` must be"),
     ]
     code = (
@@ -263,7 +267,7 @@ def test_help_and_bad_input_answer_before_jax_is_imported(tmp_path):
         "        code = main(sys.argv[1:])\n"
         "    except SystemExit as e:\n"
         "        code = e.code\n"
-        "heavy = ('jax', 'diffrax', 'equinox', 'optax', 'matplotlib', 'pandas')\n"
+        "heavy = ('jax', 'diffrax', 'equinox', 'optax', 'matplotlib', 'pandas', 'torch', 'transformers')\n"
         "loaded = [m for m in heavy if m in sys.modules]\n"
         "print(code, loaded, out.getvalue())\n"
     )

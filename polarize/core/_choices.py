@@ -35,6 +35,10 @@ PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C"
 FRACTIONS = ("one_hot_fraction", "order_preserved_fraction", "winner_is_argmax_u0_fraction")
 #: Default threshold eps of a sink head (`measure.sinks`): mean attention on one key above it.
 SINK_EPS = 0.3
+#: How sink metrics read a row (`measure.sinks`): |A| renormalized (the default), the
+#: positive part renormalized, or the weights as given.
+SINK_MASSES = ("abs", "positive", "raw")
+SINK_MASS = "abs"
 
 
 def check_levels(levels) -> tuple[float, ...]:

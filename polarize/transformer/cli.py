@@ -4,12 +4,13 @@ The lab's code (and JAX) is imported only once a command's arguments are valid.
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 
-from ..core._choices import SINK_EPS
-from ..core._errors import PolarizeError
+from ..core._choices import SINK_EPS, SINK_MASS, SINK_MASSES
+from ..core._errors import PolarizeError, check_choice, check_positive
 from ..runs._storage import read_npz
 
 
@@ -122,6 +123,24 @@ def _run_grid(task: str, args, lists: dict) -> int:
 
 
 def _sinks(args):
+    """`polarize sinks FILE.npz` (maps already exported) or `--model ...` (streamed from a
+    transformers checkpoint, `_pretrained`): checked here, without JAX or torch."""
+    if (args.file is None) == (args.model is None):
+        raise PolarizeError("give either FILE (attention maps in a .npz) or `--model`, not both or neither")
+    if args.eps is None or not 0 <= args.eps < 1:
+        raise PolarizeError(f"`--eps` must be in [0, 1); got {args.eps}")
+    if args.k < 0:
+        raise PolarizeError(f"`--k` must be a key position >= 0; got {args.k}")
+    check_choice("--mass", args.mass, SINK_MASSES)
+    for flag in ("out", "json"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise PolarizeError(f"`--{flag}` {path!r} is in no existing folder")
+    if args.model is not None:
+        return _sinks_model(args)
+    for flag in ("text", "token_ids", "revisions", "steps"):
+        if getattr(args, flag) is not None:
+            raise PolarizeError(f"`--{flag.replace('_', '-')}` applies to `--model` only, not to FILE")
     path = Path(args.file)
     if not path.is_file():
         raise PolarizeError(f"`FILE` must be an existing .npz file; got {str(path)!r}")
@@ -140,9 +159,7 @@ def _sinks(args):
             f"`--key` {key!r} must hold numbers shaped [heads, q, k], [layers, heads, q, k] "
             f"or [batch, layers, heads, q, k]; got {a.dtype} {a.shape}"
         )
-    if args.eps is None or not 0 <= args.eps < 1:
-        raise PolarizeError(f"`--eps` must be in [0, 1); got {args.eps}")
-    if a.shape[-1] == a.shape[-2] and not 0 <= args.k < a.shape[-1]:
+    if a.shape[-1] == a.shape[-2] and not args.k < a.shape[-1]:
         raise PolarizeError(f"`--k` must be a key position in 0..{a.shape[-1] - 1}; got {args.k}")
     return lambda: _run_sinks(args, path, key, a)
 
@@ -150,13 +167,217 @@ def _sinks(args):
 def _run_sinks(args, path: Path, key: str, a: np.ndarray) -> int:
     from ..measure import sinks
 
-    table = sinks.head_table(a, eps=args.eps, key=args.k)
+    table = sinks.head_table(a, eps=args.eps, key=args.k, mass=args.mass)
     print(sinks.format_table(table, eps=args.eps))
     out = Path(args.out) if args.out else path.with_suffix(".png")
     from .figures import heatmap
 
     heatmap(table, out, title=f"{path.name}: {key}")
     print(f"figure: {out}")
+    if args.json:
+        batch = a.shape[0] if a.ndim == 5 else 1
+        _write_json(args.json, _record(table, args, sequences=batch, tokens=int(a.shape[-1]), file=str(path)))
+    return 0
+
+
+def _finite(x) -> float | None:
+    return None if x != x else float(x)
+
+
+def _finite_mean(values) -> float:
+    """Mean over the finite heads (NaN when none is)."""
+    finite = np.isfinite(values)
+    return float(values[finite].mean()) if finite.any() else float("nan")
+
+
+def _record(table: dict, args, **info) -> dict:
+    """The JSON of one scored set of maps (the same for FILE and `--model`): per-head alpha
+    (`[layers][heads]`, NaN as null) averaged over sequences, the overall sink rate."""
+    layers, heads = table["bos_share"].shape
+    record = dict(info)
+    if "alpha" in table:
+        record["alpha"] = [[_finite(v) for v in row] for row in table["alpha"]]
+        record["sink_rate"] = _finite(table["sink_share_all"])
+    record.update(
+        k=args.k,
+        eps=args.eps,
+        mass=args.mass,
+        layers=layers,
+        heads=heads,
+        nonfinite=table["nonfinite"],
+        status=[
+            ["nonfinite" if not ok else ("sink" if "sink" in table and s else "-") for ok, s in zip(oks, ss)]
+            for oks, ss in zip(table["finite"], table.get("sink", table["finite"]))
+        ],
+    )
+    return record
+
+
+def _write_json(path, record) -> None:
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"json: {path}")
+
+
+def _read_token_ids(path: Path, max_tokens: int) -> list[np.ndarray]:
+    if not path.is_file():
+        raise PolarizeError(f"`--token-ids` must be an existing .npy file; got {str(path)!r}")
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise PolarizeError(f"`--token-ids` {str(path)!r} is not a readable .npy: {e}") from None
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise PolarizeError(
+            f"`--token-ids` must hold integers shaped [sequences, tokens]; got {ids.dtype} {ids.shape}"
+        )
+    if ids.min() < 0:
+        raise PolarizeError(f"`--token-ids` must be token ids >= 0; got {int(ids.min())}")
+    return list(ids[:, :max_tokens].astype(np.int64))
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise PolarizeError(f"`--text` must be an existing text file; got {str(path)!r}")
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolarizeError(f"`--text` {str(path)!r} is not readable UTF-8 text: {e}") from None
+    if not lines:
+        raise PolarizeError(f"`--text` {str(path)!r} has no non-empty line (one sequence per line)")
+    return lines
+
+
+def _sinks_model(args):
+    from . import _pretrained
+
+    missing = _pretrained.missing_packages()
+    if missing:
+        raise PolarizeError(f"`--model` needs {' and '.join(missing)}: {_pretrained.LLM_EXTRA}")
+    if args.key is not None:
+        raise PolarizeError("`--key` applies to FILE only, not to `--model`")
+    if (args.text is None) == (args.token_ids is None):
+        raise PolarizeError("`--model` needs either `--text FILE` or `--token-ids FILE.npy`")
+    max_tokens = check_positive("--max-tokens", args.max_tokens, integer=True)
+    if not args.k < max_tokens:
+        raise PolarizeError(f"`--k` must be below `--max-tokens` ({max_tokens}); got {args.k}")
+    if args.revisions is not None and len(args.model) != 1:
+        raise PolarizeError("`--revisions` needs exactly one `--model` NAME")
+    checkpoints = [(m, r) for m in args.model for r in (args.revisions or [None])]
+    for name, _ in checkpoints:
+        looks_local = name.startswith(("/", "./", "../", "~")) or Path(name).exists()
+        if looks_local and not Path(name).expanduser().is_dir():
+            raise PolarizeError(f"`--model` {name!r} is not a folder of a saved model")
+    if args.steps is not None:
+        if len(args.steps) != len(checkpoints):
+            raise PolarizeError(
+                f"`--steps` needs one step per checkpoint ({len(checkpoints)}); got {len(args.steps)}"
+            )
+        steps = list(args.steps)
+    else:
+        steps = [_pretrained.training_step(n, r) for n, r in checkpoints]
+        unknown = [r or n for (n, r), s in zip(checkpoints, steps) if s is None]
+        if len(checkpoints) > 1 and unknown:
+            raise PolarizeError(
+                f"cannot tell the training step of {unknown[0]!r}: name it checkpoint-N or stepN, "
+                "keep its trainer_state.json, or give `--steps`"
+            )
+    if args.token_ids is not None:
+        source = _read_token_ids(Path(args.token_ids), max_tokens)
+        shortest = min(len(s) for s in source)
+        if not args.k < shortest:
+            raise PolarizeError(f"`--k` must be below the number of tokens ({shortest}); got {args.k}")
+    else:
+        source = _read_lines(Path(args.text))
+    return lambda: _run_sinks_model(args, checkpoints, steps, source, max_tokens)
+
+
+def _sequences(args, model, name: str, revision, source, max_tokens: int) -> list[np.ndarray]:
+    from . import _pretrained
+
+    if args.text is not None:
+        tok = _pretrained.tokenizer(name, revision)
+        source = [np.asarray(tok(line)["input_ids"][:max_tokens], dtype=np.int64) for line in source]
+    vocab = _pretrained.vocab_size(model)
+    top = max(int(s.max()) for s in source if len(s))
+    if top >= vocab:
+        raise PolarizeError(
+            f"`--token-ids` holds id {top}, outside the vocabulary of {name!r} (0..{vocab - 1})"
+        )
+    shortest, longest = min(len(s) for s in source), max(len(s) for s in source)
+    if not args.k < shortest:
+        raise PolarizeError(f"`--k` must be below the number of tokens of every sequence: {shortest}")
+    limit = _pretrained.max_positions(model)
+    if limit is not None and longest > limit:
+        raise PolarizeError(f"{name!r} takes at most {limit} tokens; lower `--max-tokens` (now {max_tokens})")
+    return source
+
+
+def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
+    import transformers
+
+    from ..measure import sinks
+    from . import _pretrained
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    rows, records = [], []
+    for (name, revision), step in zip(checkpoints, steps):
+        model = _pretrained.load(name, revision)
+        sequences = _sequences(args, model, name, revision, source, max_tokens)
+        metrics = _pretrained.stream_metrics(model, sequences, key=args.k, mass=args.mass)
+        del model
+        table = sinks.summarize_heads(metrics, eps=args.eps, key=args.k, mass=args.mass)
+        lengths = sorted({len(s) for s in sequences})
+        tokens = lengths[0] if len(lengths) == 1 else [len(s) for s in sequences]
+        label = name + (f"@{revision}" if revision else "")
+        at = "" if step is None else f" (step {step})"
+        span = f"{lengths[0]}..{lengths[-1]}" if len(lengths) > 1 else f"{lengths[0]}"
+        print(f"{label}{at}: {len(sequences)} sequences of {span} tokens, mass {args.mass}")
+        print(sinks.format_table(table, eps=args.eps))
+        records.append(
+            _record(
+                table, args, model=name, revision=revision, step=step, sequences=len(sequences), tokens=tokens
+            )
+        )
+        rows.append(
+            dict(
+                checkpoint=label,
+                model=name,
+                revision=revision or "",
+                step=step,
+                sink_rate=table["sink_share_all"],
+                mean_alpha=float(np.nanmean(table["alpha"]))
+                if table["nonfinite"] < table["alpha"].size
+                else None,
+                bos_share=float(np.nanmean(table["bos_share"]))
+                if table["nonfinite"] < table["alpha"].size
+                else None,
+                nonfinite=table["nonfinite"],
+                layers=table["alpha"].shape[0],
+                heads=table["alpha"].shape[1],
+                sequences=len(sequences),
+            )
+        )
+    if len(checkpoints) == 1:
+        from .figures import heatmap
+
+        out = Path(args.out or "sinks.png")
+        heatmap(table, out, title=rows[0]["checkpoint"])
+        print(f"figure: {out}")
+    else:
+        import pandas as pd
+
+        from .figures import sink_series
+
+        out = Path(args.out or "sinks-series.png")
+        frame = pd.DataFrame(rows)
+        frame.to_csv(out.with_suffix(".csv"), index=False)
+        sink_series(frame, out, title=f"Sink_{args.k}^{args.eps}, mass {args.mass}")
+        print(frame.to_string(index=False, columns=["checkpoint", "step", "sink_rate", "mean_alpha"]))
+        print(f"table: {out.with_suffix('.csv')}\nfigure: {out}")
+    if args.json:
+        _write_json(args.json, records[0] if len(records) == 1 else records)
     return 0
 
 
@@ -176,16 +397,35 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=lambda a: _grid("classify", a))
     p = subparsers.add_parser(
         "sinks",
-        help="per-head sink table of attention maps in a .npz",
+        help="per-head sink table of attention maps: from a .npz, or streamed from a transformers model",
         description="Attention maps shaped [heads, q, k], [layers, heads, q, k] or "
-        "[batch, layers, heads, q, k] (batch averaged); any normalization, "
-        "metrics use |A| renormalized per row. Prints per-head metrics, Sink_k^eps per layer "
-        "and over all layers x heads (Gu et al.); a map with any weight above the diagonal "
-        "is bidirectional and alpha_k averages over all queries, else over i >= k.",
+        "[batch, layers, heads, q, k] (batch averaged) from FILE, or computed by a causal LM "
+        "that transformers loads with eager attention (--model, needs the llm extra), one "
+        "layer at a time. Prints per-head metrics, Sink_k^eps per layer and over all layers "
+        "x heads (Gu et al.); a map with any weight above the diagonal is bidirectional and "
+        "alpha_k averages over all queries, else over i >= k. Several checkpoints (--model "
+        "DIR1 DIR2 ..., or --model NAME --revisions r1 r2 ...) give one CSV row each and a "
+        "figure against the training step. NaN or inf weights mark a head nonfinite.",
     )
-    p.add_argument("file", metavar="FILE", help=".npz file with attention maps")
+    p.add_argument("file", metavar="FILE", nargs="?", help=".npz file with attention maps")
     p.add_argument("--key", help="array name in FILE (default: 'attention' or the only one)")
-    p.add_argument("--out", help="heatmap PNG (default: FILE with .png)")
+    p.add_argument("--model", nargs="+", metavar="PATH_OR_NAME", help="saved model folder(s) or hub name")
+    p.add_argument("--revisions", nargs="+", metavar="REV", help="hub revisions of one --model NAME")
+    p.add_argument(
+        "--steps", nargs="+", type=int, help="training step of each checkpoint (default: from the name)"
+    )
+    p.add_argument("--text", help="text file, one sequence per line (with --model)")
+    p.add_argument("--token-ids", help=".npy of token ids, [sequences, tokens] (with --model)")
+    p.add_argument(
+        "--max-tokens", type=int, default=256, help="cut each sequence to this length (default 256)"
+    )
+    p.add_argument(
+        "--mass",
+        default=SINK_MASS,
+        help=f"how rows are read: {', '.join(SINK_MASSES)} (default {SINK_MASS}: |A| / sum |A|)",
+    )
+    p.add_argument("--out", help="figure PNG (default: FILE with .png, sinks.png, sinks-series.png)")
+    p.add_argument("--json", help="also write alpha [layers][heads], sink_rate, ... to this JSON file")
     p.add_argument("--k", type=int, default=0, help="key position k of Sink_k^eps (default 0)")
     p.add_argument("--eps", type=float, default=SINK_EPS, help="threshold eps (default 0.3)")
     p.set_defaults(func=_sinks)

@@ -179,3 +179,22 @@ def heatmap(table: dict, path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def sink_series(frame, path, title: str = "") -> None:
+    """Sink rate (`Sink_k^eps`, %) and mean alpha_k of each checkpoint against its training
+    step: a frame with columns `step`, `sink_rate`, `mean_alpha` (one row per checkpoint)."""
+    frame = frame.sort_values("step")
+    fig, left = plt.subplots(figsize=(5.5, 3.4))
+    left.plot(frame["step"], 100 * frame["sink_rate"], "o-", color="tab:blue", label="sink rate")
+    left.set_xlabel("training step")
+    left.set_ylabel("sink rate Sink_k^eps (% of heads)", color="tab:blue")
+    left.set_ylim(-2, 102)
+    right = left.twinx()
+    right.plot(frame["step"], frame["mean_alpha"], "s--", color="tab:orange", label="mean alpha_k")
+    right.set_ylabel("mean alpha_k over heads", color="tab:orange")
+    right.set_ylim(0, 1.02)
+    left.set_title(title or "sinks across checkpoints")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

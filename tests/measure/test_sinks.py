@@ -207,3 +207,76 @@ def test_head_table_layouts_and_text():
     assert "layer 1: Sink_0^0.3 = 100.0%" in text and len(text.splitlines()) == 1 + 2 * 3 + 2 + 2
     with pytest.raises(ValueError, match="attention must be"):
         sinks.head_table(np.zeros((4, 4)))
+
+
+def signed_causal(rng, heads: int, n: int) -> np.ndarray:
+    a = rng.normal(size=(heads, n, n))
+    return a * np.tril(np.ones((n, n)))
+
+
+def test_positive_mass_renormalizes_the_positive_part():
+    rng = np.random.default_rng(3)
+    a = signed_causal(rng, 2, 6)
+    pos = np.maximum(a, 0)
+    for h in range(2):
+        ref = loop_metrics(pos[h])
+        assert np.isclose(sinks.bos_share(a, "positive")[h], ref["bos"])
+        assert np.isclose(sinks.sparsity(a, "positive")[h], ref["sparsity"])
+        assert np.isclose(sinks.mean_entropy(a, "positive")[h], ref["entropy"])
+        assert np.allclose(sinks.importance(a, "positive")[h], ref["alpha"])
+    # under "abs" the negative weights count, so the numbers differ
+    assert not np.allclose(sinks.bos_share(a, "abs"), sinks.bos_share(a, "positive"))
+
+
+def test_raw_mass_keeps_the_rows_as_given():
+    # softmax1: rows sum to less than one (the null mass); raw keeps that deficit
+    rng = np.random.default_rng(4)
+    n = 5
+    logits = np.where(np.tril(np.ones((n, n))) > 0, rng.normal(size=(3, n, n)), -np.inf)
+    a = np.exp(logits) / (1 + np.exp(logits).sum(-1, keepdims=True))
+    alpha = [[a[h, k:, k].mean() for k in range(n)] for h in range(3)]
+    assert np.allclose(sinks.importance(a, "raw"), alpha)
+    assert np.allclose(sinks.bos_share(a, "raw"), a[..., 0].mean(-1))
+    assert np.allclose(sinks.sparsity(a, "raw"), a.max(-1).mean(-1))
+    ent = -np.where(a > 0, a * np.log(np.where(a > 0, a, 1)), 0).sum(-1).mean(-1)
+    assert np.allclose(sinks.mean_entropy(a, "raw"), ent)
+    # "abs" renormalizes each row to one: larger alpha than raw
+    assert np.all(sinks.importance(a, "abs")[:, 0] > sinks.importance(a, "raw")[:, 0])
+
+
+def test_an_unknown_mass_is_refused():
+    with pytest.raises(ValueError, match="`mass` must be one of abs, positive, raw"):
+        sinks.bos_share(np.ones((1, 2, 2)), "signed")
+
+
+def nan_example() -> np.ndarray:
+    rng = np.random.default_rng(5)
+    a = np.abs(signed_causal(rng, 3, 8))[None]  # [layers=1, heads=3, 8, 8]
+    return a / a.sum(-1, keepdims=True)
+
+
+def test_nan_weights_are_reported_not_dropped():
+    # before: the NaN row was dropped and head 1 scored on the other rows (bos 0.457 -> 0.480 in issue 30)
+    a = nan_example()
+    clean = sinks.head_table(a)
+    a[0, 1, 3, 2] = np.nan
+    table = sinks.head_table(a)
+    assert table["nonfinite"] == 1 and not table["finite"][0, 1]
+    assert np.isnan(table["bos_share"][0, 1]) and np.isnan(table["alpha"][0, 1])
+    for name in ("bos_share", "alpha", "entropy"):  # the finite heads keep their numbers
+        assert np.allclose(table[name][0, [0, 2]], clean[name][0, [0, 2]])
+    assert table["sink_share_all"] == clean["sink"][0, [0, 2]].mean()
+    text = sinks.format_table(table)
+    assert "nonfinite" in text.splitlines()[2] and "1 nonfinite" in text
+
+
+def test_an_all_nan_or_inf_layer_is_not_a_layer_of_non_sinks():
+    a = np.concatenate([nan_example(), np.full((1, 3, 8, 8), np.nan)])
+    a[1, 0, 0, 0] = np.inf
+    table = sinks.head_table(a)
+    assert table["nonfinite"] == 3 and np.isnan(table["sink_share"][1])
+    assert not table["sink"][1].any() and table["sink_share_all"] == table["sink"][0].mean()
+    text = sinks.format_table(table)
+    assert "layer 1: Sink_0^0.3 = n/a (3 of 3 heads nonfinite, left out)" in text
+    assert "0.000" not in "\n".join(line for line in text.splitlines() if line.startswith("    1 "))
+    assert sinks.head_table(np.full((2, 4, 4), np.nan))["sink_share_all"] != 0
