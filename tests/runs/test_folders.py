@@ -191,6 +191,33 @@ def _report_without_arrays(run, tmp_path):
     return ["report", str(out)]
 
 
+def _sinks(target: str):
+    def make(run, tmp_path):
+        a = np.tril(np.ones((1, 2, 4, 4))) / np.arange(1, 5)[:, None]  # causal uniform rows
+        np.save(tmp_path / "plain.npy", a)
+        np.savez(tmp_path / "maps.npz", attention=a)
+        if target == "npy":
+            return ["sinks", str(tmp_path / "plain.npy")]
+        return ["sinks", str(tmp_path / "maps.npz"), "--out", str(tmp_path / "nodir" / "o.png")]
+
+    return make
+
+
+def _read_only(run, tmp_path):
+    """A folder this process may not write (simulated: the tests may run as root)."""
+    import polarize.runs._folder as folder
+
+    real = os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    folder.os.open = refuse
+    return ["sweep", "--resume", str(copy_of(run, tmp_path)), "--no-progress"]
+
+
 def _args(*args):
     return lambda run, tmp_path: [a.replace("TMP", str(tmp_path)) for a in args]
 
@@ -225,11 +252,15 @@ BAD = [
     ("study base bool", _study("[base]\ntokens = true\n"), "`tokens` must be an integer"),
     ("study base float", _study("[base]\ntokens = 8.0\n"), "`tokens` must be an integer"),
     ("report without arrays", _report_without_arrays, "no per_init.npz"),
+    ("sinks of a plain npy", _sinks("npy"), "not an .npz archive"),
+    ("sinks figure in no folder", _sinks("nodir"), "is in no existing folder"),
+    ("read-only run", _read_only, "cannot be written: Permission denied"),
 ]
 
 
 @pytest.mark.parametrize("case, argv, says", BAD, ids=[b[0] for b in BAD])
-def test_each_bad_folder_or_setting_is_one_line(case, argv, says, run, tmp_path, capsys):
+def test_each_bad_folder_or_setting_is_one_line(case, argv, says, run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "open", os.open)  # restored after `_read_only`
     assert main(argv(run, tmp_path)) == 2
     assert says in one_error_line(capsys)
 
