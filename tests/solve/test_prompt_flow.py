@@ -101,3 +101,11 @@ def test_descent_follows_the_flow_and_keeps_p_and_v():
     final = gd.final(model)
     assert isinstance(final, pz.PromptAttention) and final.v.shape == (2, 6)
     np.testing.assert_allclose(final(), gd.final(model)(), rtol=0)
+
+
+def test_square_labels_take_the_stiff_default_at_long_horizons():
+    X, y, v = pz.prompt_task(1, 4, 5, 6)
+    model = pz.init_prompts(0, 2, X, v, v_scale=0.3, train="vp")
+    traj = pz.flow(model, pz.SquareLabels(y), t1=1e6, n_save=3)  # Tsit5 on the log clock: max_steps
+    assert bool(np.all(traj.ok)) and bool(np.all(traj.steps < 1000))
+    assert float(np.max(traj.loss[:, -1])) < 1e-20
