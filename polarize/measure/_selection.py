@@ -32,10 +32,13 @@ class TokenSelection:
     - `norm` (times,): |p(t)|; `log_slope`: the least-squares slope of |p| against log t
       over the last third of the saved log t range (it tends to |p_mm| when p aligns);
     - `cos_value` (times,): cosine of v(t) with the value SVM of the selection
-      (NaN for `train="p"` or where the value SVM is infeasible).
+      (NaN for `train="p"` or where the value SVM is infeasible);
+    - `ok`: the trajectory's `ok`; a failed initialization has `selected = -1`, NaN
+      cosines, norms and slope, and `feasible = False`.
     """
 
     ts: np.ndarray
+    ok: np.ndarray
     selected: np.ndarray
     best: np.ndarray
     is_best: np.ndarray
@@ -51,6 +54,7 @@ class TokenSelection:
     def final(self) -> dict[str, np.ndarray]:
         """One number per initialization: the statistics at the last saved time."""
         return {
+            "ok": self.ok,
             "all_best": self.all_best,
             "share_best": self.is_best.mean(axis=-1),
             "feasible": self.feasible,
@@ -100,8 +104,12 @@ def token_selection(traj, model, y) -> TokenSelection:
     X = np.asarray(model.X, np.float64)
     single = not traj.batched
     p, v, w = (np.asarray(x, np.float64) for x in (traj.p, traj.v, traj.weights))
+    ok = np.asarray(traj.ok).reshape(-1)
     if single:
         p, v, w = p[None], v[None], w[None]
+    # a failed initialization is measured at its start (finite), then masked below
+    p, v = np.where(ok[:, None, None], p, p[:, :1]), np.where(ok[:, None, None], v, v[:, :1])
+    w = np.where(ok[:, None, None, None], w, 0.0)
     selected = np.argmax(w[:, -1], axis=-1)  # (inits, samples)
     best = best_tokens(X, y, v[:, -1])
     ours = _unique_svms(attention_svm, X, selected)
@@ -112,20 +120,22 @@ def token_selection(traj, model, y) -> TokenSelection:
     else:
         cos_value = np.full(p.shape[:2], np.nan)
     norm = np.linalg.norm(p, axis=-1)
-    is_best = selected == best
+    is_best = (selected == best) & ok[:, None]
+    failed = lambda x, fill=np.nan: np.where(ok.reshape((-1,) + (1,) * (x.ndim - 1)), x, fill)
     out = TokenSelection(
         ts=np.asarray(traj.ts),
-        selected=selected,
+        ok=ok,
+        selected=failed(selected, -1),
         best=best,
         is_best=is_best,
         all_best=is_best.all(axis=-1),
-        feasible=ours.feasible,
-        svm_norm=ours.norm,
-        cos_selected=_cosine(p, ours.direction),
-        cos_best=_cosine(p, theirs.direction),
-        norm=norm,
-        log_slope=log_slope(traj.ts, norm),
-        cos_value=cos_value,
+        feasible=ours.feasible & ok,
+        svm_norm=failed(ours.norm),
+        cos_selected=failed(_cosine(p, ours.direction)),
+        cos_best=failed(_cosine(p, theirs.direction)),
+        norm=failed(norm),
+        log_slope=failed(log_slope(traj.ts, norm)),
+        cos_value=failed(cos_value),
     )
     if single:
         out = dataclasses.replace(out, **{f.name: getattr(out, f.name)[0] for f in _PER_INIT})

@@ -131,3 +131,13 @@ def test_joint_training_aligns_v_with_the_value_svm():
     np.testing.assert_array_equal(one.cos_value, stats.cos_value[0])
     with pytest.raises(pz.PolarizeError, match="needs a PromptAttention model"):
         pz.token_selection(traj, pz.init_ensemble(0, 1, tokens=3, dim=2), y)
+
+
+def test_failed_initializations_are_masked():
+    Xs, y, v = pz.prompt_task(1, 4, 5, 6)
+    model = pz.init_prompts(1, 2, Xs, v)
+    traj = pz.flow(model, pz.LogisticLabels(y), t1=1e12, n_save=4, max_steps=4)
+    assert not bool(np.any(traj.ok))
+    stats = pz.token_selection(traj, model, y)
+    assert np.all(stats.selected == -1) and not np.any(stats.feasible | stats.all_best)
+    assert np.all(np.isnan(stats.cos_selected)) and np.all(np.isnan(stats.log_slope))
