@@ -273,11 +273,8 @@ def choose_field(
     check_choice("path", path, PATHS)
     if path == "auto":
         span = Span.requires(model, objective) is None and objective.X.shape[-2] < model.V.shape[-2]
-        candidates = ([] if euclidean else ([Reduced] + ([Span] if span else []))) + [
-            Analytic,
-            Prompt,
-            Autodiff,
-        ]
+        reduced = [] if euclidean else [Reduced] + ([Span] if span else [])
+        candidates = reduced + [Analytic, Prompt, Autodiff]
         return next(cls for cls in candidates if cls.requires(model, objective) is None)()
     cls = FIELDS[path]
     need = cls.requires(model, objective)
