@@ -131,6 +131,10 @@ def test_joint_training_aligns_v_with_the_value_svm():
     np.testing.assert_array_equal(one.cos_value, stats.cos_value[0])
     with pytest.raises(pz.PolarizeError, match="needs a PromptAttention model"):
         pz.token_selection(traj, pz.init_ensemble(0, 1, tokens=3, dim=2), y)
+    # summarize reads the weights sigma(X_i p) per sample: (inits, samples) statistics
+    summary = pz.summarize(traj, obj)
+    assert summary.final["max_weight"].shape == (6, 4)
+    np.testing.assert_array_equal(summary.final["winner"], stats.selected)
 
 
 def test_failed_initializations_are_masked():
