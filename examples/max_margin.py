@@ -56,12 +56,14 @@ def ensemble(args, X, y, v, n_inits, t1, n_save):
 
 def share_study(args, scales, sample_counts, n_tasks, n_inits, t1):
     """Per n: the share of initializations selecting the best-score tokens at each init
-    scale, over n_tasks tasks (all scales of one task in one flow)."""
+    scale, over the first n_tasks random tasks whose best-score tokens are separable (all
+    scales of one task in one flow); the others are counted, not flowed."""
     out = {}
     for n in sample_counts:
-        shares, infeasible = [], 0
-        for task in range(n_tasks):
+        shares, infeasible, task = [], 0, 0
+        while len(shares) < n_tasks and task < 50 * n_tasks:
             X, y, v = pz.prompt_task(1000 * n + task + args.seed, n, TOKENS, DIM)
+            task += 1
             best = pz.best_tokens(X, y, v)
             if not pz.attention_svm(X, best[None]).feasible[0]:
                 infeasible += 1  # no direction selects the best tokens: the share is 0 by force
@@ -79,6 +81,7 @@ def share_study(args, scales, sample_counts, n_tasks, n_inits, t1):
         out[n] = {
             "tasks_with_feasible_best": len(shares),
             "tasks_best_infeasible": infeasible,
+            "fraction_tasks_best_infeasible": infeasible / task,
             "mean_share_best": {f"{s:g}": float(np.mean(shares[:, k])) for k, s in enumerate(scales)},
             "tasks_share_best_ge_half": {
                 f"{s:g}": float(np.mean(shares[:, k] >= 0.5)) for k, s in enumerate(scales)
