@@ -22,6 +22,7 @@ NAMES = [
     "flow_vs_gd",
     "cross_entropy",
     "massive_activations",
+    "max_margin",
 ]
 FIGURES = {
     "logistic_polarization": ["single.png", "ensemble.png"],
@@ -31,6 +32,7 @@ FIGURES = {
     "flow_vs_gd": ["flow_vs_gd.png"],
     "cross_entropy": ["cross_entropy.png"],
     "massive_activations": ["massive_activations.png"],
+    "max_margin": ["max_margin.png"],
 }
 
 
@@ -89,6 +91,12 @@ def test_example_small_run(name, tmp_path, capsys):
     elif name == "massive_activations":
         r = numbers["results"]
         assert r["softmax/D=10"]["median_ratio_final"] > 3 > r["sigmoid/D=10"]["median_ratio_final"]
+    elif name == "max_margin":
+        assert numbers["n_failed"] == 0 and numbers["all_selections_locally_optimal"]
+        assert len(numbers["selections"]) > 1 and 0 < numbers["share_best"] < 1  # the inits split
+        assert numbers["min_cos_selected_t1"] > 0.999  # p / |p| -> the SVM of its own selection
+        assert abs(numbers["median_slope_over_svm_norm"] - 1) < 0.01  # |p| ~ |p_mm| log t
+        assert numbers["joint_median_cos_value"] > 0.98
 
 
 def test_example_rejects_unknown_argument(capsys):

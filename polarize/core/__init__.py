@@ -39,6 +39,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "random_direction",
             "random_labels",
         ],
+        "_prompt": ["LogisticLabels", "PromptAttention", "SquareLabels", "init_prompts", "prompt_task"],
         "_times": ["save_times"],
         "_trajectory": ["Trajectory"],
         "_weights": ["distribution", "entropy"],

@@ -59,6 +59,10 @@ class AbstractModel(eqx.Module):
     def tokens(self) -> int:
         return self.logits().shape[-1]
 
+    def at_state(self, values, logits) -> "AbstractModel":
+        """The model at a saved state (what a `Trajectory` keeps as V and a at one time)."""
+        return with_params(self, (values, logits))
+
 
 class ValueAttention(AbstractModel):
     """beta = V sigma(a), with V of shape (dim, tokens) and a of shape (tokens,).

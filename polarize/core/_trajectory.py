@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._models import ValueAttention, with_params
+from ._models import ValueAttention
 
 
 class ValuePath(eqx.Module):
@@ -112,7 +112,18 @@ class Trajectory(eqx.Module):
 
     def final(self, model):
         """The model at the last saved time (batched like the input model)."""
-        return with_params(model, (self.value_path.at(-1), self.a[..., -1, :]))
+        return model.at_state(self.value_path.at(-1), self.a[..., -1, :])
+
+    @property
+    def p(self) -> Float[Array, "*inits times dim"]:
+        """The prompt vector p of a `PromptAttention` flow at every saved time (kept as `a`)."""
+        return self.a
+
+    @property
+    def v(self) -> Float[Array, "*inits times dim"]:
+        """The value vector v of a `PromptAttention` flow at every saved time (kept as the
+        one column of `V`; constant for `train="p"`)."""
+        return self.value_path.coords[..., 0]
 
 
 def observe(model, objective, path: ValuePath, a) -> tuple:
@@ -126,7 +137,7 @@ def observe(model, objective, path: ValuePath, a) -> tuple:
         return weights, jax.vmap(objective)(path.apply(weights))
 
     def at_time(p):
-        m = with_params(model, p)
+        m = model.at_state(*p)
         return m.weights(), objective(m())
 
     return jax.vmap(at_time)((path.dense(), a))

@@ -14,6 +14,9 @@
   The flow closes in (W, a), W of shape (samples, tokens): dW/dt = e s^T,
   da/dt = J^T (Z0 + K W)^T e, z = (Z0 + K W) s, with the constants Z0 = X V(0) and
   K = X X^T. Cheaper than `Analytic` when samples < dim.
+- `Prompt`: for `PromptAttention` with a label objective (`LogisticLabels`,
+  `SquareLabels`), dv/dt = sum_i e_i X_i^T s_i and dp/dt = sum_i e_i X_i^T J^T X_i v
+  with e = -dL/df in closed form (`polarize.core._prompt.prompt_field`).
 - `Modified(lr, base)`: the modified equation of gradient descent at step lr,
   dy/dt = f - (lr/2) f' f with f the base field: GD follows it to O(lr^2).
 
@@ -35,9 +38,10 @@ from ._batching import Precision, at_precision, ensemble_size, float_dtype
 from ._errors import PolarizeError, check_choice
 from ._models import AbstractModel, ValueAttention, params, with_params
 from ._objectives import AbstractDataObjective, AbstractObjective
+from ._prompt import AbstractLabelObjective, PromptAttention, prompt_field
 from ._trajectory import ValuePath, observe
 
-Path = Literal["auto", "autodiff", "analytic", "reduced", "span"]
+Path = Literal["auto", "autodiff", "analytic", "reduced", "span", "prompt"]
 
 
 def gradient(model: AbstractModel, objective: AbstractObjective) -> tuple:
@@ -86,7 +90,14 @@ class AbstractField(eqx.Module):
         return self.field(y, model, objective, constants)
 
     def value_path(self, ys: PyTree, model: AbstractModel, objective: AbstractObjective) -> tuple:
-        """(values as a `ValuePath`, logits) at every saved time (leading axis) from the saved states ys."""
+        """(values as a `ValuePath`, logits) at every saved time (leading axis) from the saved states ys.
+
+        For `PromptAttention` these are v as a (dim, 1) column and p (`Trajectory.v`, `.p`).
+        """
+        if isinstance(model, PromptAttention):
+            p = ys[-1]
+            v = jnp.broadcast_to(model.v, p.shape) if model.train == "p" else ys[0]
+            return ValuePath(coords=v[..., None]), p
         V, a = ys
         return ValuePath(coords=V), a
 
@@ -190,6 +201,23 @@ class Span(AbstractField):
         return ValuePath(coords=W, offset=model.V, basis=objective.X.T), a
 
 
+class Prompt(AbstractField):
+    """dv/dt = sum_i e_i X_i^T s_i, dp/dt = sum_i e_i X_i^T J^T X_i v for `PromptAttention`."""
+
+    @staticmethod
+    def requires(model, objective):
+        if isinstance(model, PromptAttention) and isinstance(objective, AbstractLabelObjective):
+            return None
+        return "a PromptAttention model with a LogisticLabels or SquareLabels objective"
+
+    def field(self, y, model, objective, constants=None):
+        return prompt_field(model, objective, y)
+
+    def observe(self, y, model, objective, constants=None):
+        m = with_params(model, y)
+        return m.weights(), objective(m())
+
+
 class Modified(AbstractField):
     """dy/dt = f - (lr/2) f'(y) f(y), f the base field: what GD at step lr follows to O(lr^2).
 
@@ -227,6 +255,7 @@ FIELDS: dict[str, type[AbstractField]] = {
     "analytic": Analytic,
     "reduced": Reduced,
     "span": Span,
+    "prompt": Prompt,
 }
 PATHS = ("auto", *FIELDS)
 
@@ -237,13 +266,15 @@ def choose_field(
     """The vector field for `path`; refuses a forced form that does not apply.
 
     "auto": `Reduced` for a loss of one direction, `Span` for a dataset objective with
-    fewer samples than dims, else `Analytic` for `ValueAttention`, else `Autodiff`.
+    fewer samples than dims, else `Analytic` for `ValueAttention`, `Prompt` for
+    `PromptAttention` with a label objective, else `Autodiff`.
     `euclidean=True` keeps to forms whose state is (V, a) itself (for optax optimizers).
     """
     check_choice("path", path, PATHS)
     if path == "auto":
         span = Span.requires(model, objective) is None and objective.X.shape[-2] < model.V.shape[-2]
-        candidates = ([] if euclidean else ([Reduced] + ([Span] if span else []))) + [Analytic, Autodiff]
+        reduced = [] if euclidean else [Reduced] + ([Span] if span else [])
+        candidates = reduced + [Analytic, Prompt, Autodiff]
         return next(cls for cls in candidates if cls.requires(model, objective) is None)()
     cls = FIELDS[path]
     need = cls.requires(model, objective)

@@ -1,4 +1,5 @@
-"""What is measured of trajectories: polarization statistics, rates, differentiable statistics, sinks."""
+"""What is measured of trajectories: polarization statistics, rates, differentiable statistics,
+sinks, and the token selection of prompt attention with its max-margin SVMs."""
 
 import lazy_loader
 
@@ -9,6 +10,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submod_attrs={
         "_grads": ["ADJOINTS", "adjoint", "final_entropy", "final_loss", "final_max_weight"],
         "_rates": ["logistic_rate"],
+        "_selection": ["TokenSelection", "token_selection"],
+        "_svm": ["MaxMargin", "attention_svm", "best_tokens", "value_svm"],
         "_statistics": ["Summary", "aggregate", "quantile", "summarize"],
     },
 )

@@ -25,10 +25,11 @@ Jacobian as jax.jacfwd, tested against it) at a cost far below a dense
 (dim tokens + tokens)^2 Jacobian and its LU. `Dense` is the generic fallback.
 
 The default (`default_method`): for objectives with a finite minimum (`Square`,
-`CrossEntropy`), whose flows become stiff, Rosenbrock on the linear clock once the
-horizon is long against the loss's curvature (`STIFF_HORIZON`), Tsit5 on the linear
-clock before that; Tsit5 on the log clock for the logistic objectives, whose loss
-only decays like 1/t and whose flows stay non-stiff on that clock.
+`CrossEntropy`, `SquareLabels` with the `Dense` solve), whose flows become stiff,
+Rosenbrock on the linear clock once the horizon is long against the loss's curvature
+(`STIFF_HORIZON`), Tsit5 on the linear clock before that; Tsit5 on the log clock for the
+logistic objectives, whose loss only decays like 1/t and whose flows stay non-stiff on
+that clock.
 """
 
 from typing import ClassVar
@@ -43,6 +44,7 @@ from jax.flatten_util import ravel_pytree
 
 from ..core._models import ValueAttention
 from ..core._objectives import CrossEntropy, Square
+from ..core._prompt import SquareLabels
 from ..core.fields import AbstractField, Analytic, Autodiff, Span
 
 # ROS34PW2 in the form (I - h g J) k_i = h f(t0 + a_i h, y0 + sum_j A_ij k_j)
@@ -212,7 +214,7 @@ def stiff_solver(model, field: AbstractField) -> Rosenbrock:
 
 def stiff_objective(objective) -> bool:
     """True for objectives with a finite minimum, whose flows turn stiff once it is reached."""
-    return type(objective) in (Square, CrossEntropy)
+    return type(objective) in (Square, CrossEntropy, SquareLabels)
 
 
 #: Explicit steps to t1 grow like c * lambda * t1 once a flow is stiff (lambda: the loss's
