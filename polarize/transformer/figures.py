@@ -118,7 +118,10 @@ def emergence(config, summary: dict, units: list, path: Path) -> None:
     ax.set_ylabel(f"share of layer-{config.sink_layer} heads with score > 0.9")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("sink heads as they emerge (mean over seeds)", fontsize=9)
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    else:  # every run failed (summary.json: failed_runs)
+        ax.text(0.5, 0.5, "no run that did not fail", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
