@@ -12,6 +12,7 @@ import numpy as np
 from ..core._choices import SINK_EPS, SINK_MASS, SINK_MASSES
 from ..core._errors import PolarizeError, check_choice, check_positive
 from ..runs._storage import read_npz
+from . import _pretrained  # no torch until a model is loaded
 
 
 def _list(kind):
@@ -249,8 +250,6 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def _sinks_model(args):
-    from . import _pretrained
-
     missing = _pretrained.missing_packages()
     if missing:
         raise PolarizeError(f"`--model` needs {' and '.join(missing)}: {_pretrained.LLM_EXTRA}")
@@ -293,7 +292,6 @@ def _sinks_model(args):
 
 
 def _sequences(args, model, name: str, revision, source, max_tokens: int) -> list[np.ndarray]:
-    from . import _pretrained
 
     if args.text is not None:
         tok = _pretrained.tokenizer(name, revision)
@@ -317,7 +315,6 @@ def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
     import transformers
 
     from ..measure import sinks
-    from . import _pretrained
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
