@@ -50,15 +50,19 @@ def run_sweeps(tree: Path, out: Path) -> None:
 
 
 def compare(a: Path, b: Path) -> list[str]:
-    """The arrays that differ between two folders of `run_sweeps`, as lines."""
+    """The arrays that differ between two folders of `run_sweeps` (a: this tree, b: the
+    reference), as lines. An array only `a` has is new, printed and not a difference; one
+    only `b` has is lost, a difference."""
     bad = []
     for name in SWEEPS:
         for file in FILES:
             with np.load(a / name / file) as x, np.load(b / name / file) as y:
-                if sorted(x.files) != sorted(y.files):
-                    bad.append(f"{name}/{file}: arrays {sorted(x.files)} against {sorted(y.files)}")
-                    continue
-                for key in x.files:
+                new, lost = sorted(set(x.files) - set(y.files)), sorted(set(y.files) - set(x.files))
+                if new:
+                    print(f"{name}/{file}: new array(s) {new}")
+                if lost:
+                    bad.append(f"{name}/{file}: array(s) {lost} no longer stored")
+                for key in sorted(set(x.files) & set(y.files)):
                     if not np.array_equal(x[key], y[key], equal_nan=x[key].dtype.kind == "f"):
                         bad.append(f"{name}/{file}:{key} differs")
     return bad
