@@ -165,15 +165,21 @@ def _sinks(args):
     return lambda: _run_sinks(args, path, key, a)
 
 
-def _run_sinks(args, path: Path, key: str, a: np.ndarray) -> int:
+def _sink_code():
+    """The sink metrics and their figures (JAX, matplotlib): imported by the jobs only,
+    once the arguments are valid; the one lazy import of the sinks commands."""
     from ..measure import sinks
+    from . import figures
 
+    return sinks, figures
+
+
+def _run_sinks(args, path: Path, key: str, a: np.ndarray) -> int:
+    sinks, figures = _sink_code()
     table = sinks.head_table(a, eps=args.eps, key=args.k, mass=args.mass)
     print(sinks.format_table(table, eps=args.eps))
     out = Path(args.out) if args.out else path.with_suffix(".png")
-    from .figures import heatmap
-
-    heatmap(table, out, title=f"{path.name}: {key}")
+    figures.heatmap(table, out, title=f"{path.name}: {key}")
     print(f"figure: {out}")
     if args.json:
         batch = a.shape[0] if a.ndim == 5 else 1
@@ -314,8 +320,7 @@ def _sequences(args, model, name: str, revision, source, max_tokens: int) -> lis
 def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
     import transformers
 
-    from ..measure import sinks
-
+    sinks, figures = _sink_code()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     rows, records = [], []
@@ -357,20 +362,16 @@ def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
             )
         )
     if len(checkpoints) == 1:
-        from .figures import heatmap
-
         out = Path(args.out or "sinks.png")
-        heatmap(table, out, title=rows[0]["checkpoint"])
+        figures.heatmap(table, out, title=rows[0]["checkpoint"])
         print(f"figure: {out}")
     else:
         import pandas as pd
 
-        from .figures import sink_series
-
         out = Path(args.out or "sinks-series.png")
         frame = pd.DataFrame(rows)
         frame.to_csv(out.with_suffix(".csv"), index=False)
-        sink_series(frame, out, title=f"Sink_{args.k}^{args.eps}, mass {args.mass}")
+        figures.sink_series(frame, out, title=f"Sink_{args.k}^{args.eps}, mass {args.mass}")
         print(frame.to_string(index=False, columns=["checkpoint", "step", "sink_rate", "mean_alpha"]))
         print(f"table: {out.with_suffix('.csv')}\nfigure: {out}")
     if args.json:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core._errors import PolarizeError, check_choice, check_positive
 from ..measure import sinks
-from ..runs._folder import FolderLock, make_folder, prepare_out
+from ..runs._folder import FolderLock, check_out, folder_kind, make_folder, prepare_out
 from ..runs._storage import read_json, read_npz, write_json, write_npz
 from . import figures, train
 from .attention import ATTENTIONS, make_attention
@@ -210,13 +210,17 @@ def prepare(out: Path, config: Config, overwrite: bool) -> None:
         except (OSError, ValueError, UnicodeDecodeError):
             same = False
         if not same and not overwrite:
-            raise PolarizeError(
-                f"`--out` {out} is not empty and holds a different config (or none); "
-                "pass --overwrite to replace it or choose another directory"
-            )
+            raise _not_empty(out)
         if not same:
             prepare_out(out, overwrite=True, kind="lab")
     write_json(stored, dict(config.to_json(), versions=versions()))
+
+
+def _not_empty(out: Path) -> PolarizeError:
+    return PolarizeError(
+        f"`--out` {out} is not empty and holds a different config (or none); "
+        "pass --overwrite to replace it or choose another directory"
+    )
 
 
 def _without_versions(stored: dict) -> dict:
@@ -317,7 +321,13 @@ def train_variant(config: Config, v: dict, keys) -> list[dict]:
 
 def run(config: Config, out, *, overwrite: bool = False, log: Callable = print) -> dict:
     """Train every unfinished (variant, seed) of `config` into `out`; return the summary."""
-    out = make_folder(Path(out))
+    out = Path(out)
+    if out.is_dir() and folder_kind(out) != "lab":  # refused before a lock file is made in it
+        if overwrite:
+            check_out(out, overwrite, kind="lab")
+        elif any(not p.name.startswith(".lock") for p in out.iterdir()):
+            raise _not_empty(out)
+    out = make_folder(out)
     with FolderLock(out):
         prepare(out, config, overwrite)
         return _train_all(config, out, log)

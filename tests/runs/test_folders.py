@@ -122,6 +122,25 @@ def test_overwrite_deletes_only_a_sweep_folder_of_polarize_files(run, tmp_path, 
     assert sorted(p.name for p in (out / "chunks").iterdir()) == ["chunk-000000.npz"]
 
 
+def test_a_refused_folder_gets_no_lock_file(tmp_path, capsys):
+    """A folder that is no run of the command's kind is refused before anything, the lock
+    file included, is written in it: by the sweep, the study and the lab alike."""
+    folder = tmp_path / "U"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("x")
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\n[grid]\nseed = [0]\n')
+    for argv in (
+        ["sweep", *ARGS, "--inits", "16", "--out", str(folder)],
+        ["study", str(spec), "--out", str(folder)],
+        ["induction", "--small", "--out", str(folder)],
+        ["induction", "--small", "--out", str(folder), "--overwrite"],
+    ):
+        assert main(argv) == 2, argv
+        one_error_line(capsys)
+        assert os.listdir(folder) == ["thesis.tex"], argv
+
+
 def test_a_study_never_writes_into_a_sweep(run, tmp_path, capsys):
     out = copy_of(run, tmp_path)
     before = (out / "summary.json").read_bytes()
