@@ -252,12 +252,11 @@ class _State(eqx.Module):
     save_index: Array
     saved: PyTree  # (inits, n_save + SAVE_SLOTS, ...) per leaf, written in place
     # crossings (empty tuples without): per target and init, whether reached, and the
-    # accepted step [lo_t, hi_t] from state lo_y (with f = lo_f) in which it first was
+    # accepted step [lo_t, hi_t] in which it first was, with that step's dense output
     found: Array | tuple = ()
     lo_t: Array | tuple = ()
     hi_t: Array | tuple = ()
-    lo_y: PyTree = ()
-    lo_f: PyTree = ()
+    lo_dense: PyTree = ()
 
 
 #: States of at most this many numbers per init are stepped with the inits axis last
@@ -451,7 +450,7 @@ def _solve_block(problem: _Problem, saves, crossings, finish, unflat, block):
     zeros = jnp.zeros(size, jnp.int32)
     saved = saves.start(y0, size, zeros)
     tprev = like(jnp.asarray(p.t0, tnext.dtype))
-    hits = {} if crossings is None else crossings.start(tprev, y0, batched, solver_state)
+    hits = {} if crossings is None else crossings.start(tprev, y0, batched)
     state = _State(
         tprev=tprev,
         tnext=tnext,
@@ -502,7 +501,7 @@ def _advance(problem: _Problem, saves, crossings, batched, s: _State) -> _State:
     status = jnp.where(going & failed, codes.SOLVER_FAILED, s.status)
     status = jnp.where(stuck, codes.SOLVER_FAILED, status)
     status = jnp.where(broken, codes.NONFINITE, status)
-    hits = {} if crossings is None else crossings.after_step(s, keep, y, batched)
+    hits = {} if crossings is None else crossings.after_step(s, keep, y, dense, batched)
     return _State(
         tprev=jnp.where(going, tprev, s.tprev),
         tnext=jnp.where(going, tnext, s.tnext),
@@ -636,16 +635,19 @@ class _Crossings(eqx.Module):
         one = lambda t, y, batched: self.gaps_of(t, y, p.args(batched))
         return jax.vmap(one, in_axes=p.axis, out_axes=-1)(t, y, batched)
 
-    def start(self, tprev, y0, batched, solver_state):
-        """The crossings' carry: a target reached at the start has lo_t = hi_t = t0."""
+    def start(self, tprev, y0, batched):
+        """The crossings' carry: a target reached at the start has lo_t = hi_t = t0 (its
+        dense output, never read, is y0 and zero stages)."""
         found = self.gaps(tprev, y0, batched) >= 0
         stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, found.shape[:1] + x.shape), tree)
-        return dict(
-            found=found, lo_t=stack(tprev), hi_t=stack(tprev), lo_y=stack(y0), lo_f=stack(solver_state)
-        )
+        stages = len(self.problem.solver.tableau.c) + 1
+        zero = jax.tree.map(jnp.zeros_like, y0)
+        dense = dict(y0=y0, y1=y0, k=(zero,) * stages)
+        return dict(found=found, lo_t=stack(tprev), hi_t=stack(tprev), lo_dense=stack(dense))
 
-    def after_step(self, s: _State, keep, y, batched):
-        """The carry after the step from s.tprev to s.tnext reached y, accepted where `keep`."""
+    def after_step(self, s: _State, keep, y, dense, batched):
+        """The carry after the step from s.tprev to s.tnext reached y (with dense output
+        `dense`), accepted where `keep`."""
         axis = self.problem.axis
         newly = keep[None] & ~s.found & (self.gaps(s.tnext, y, batched) >= 0)
 
@@ -658,25 +660,27 @@ class _Crossings(eqx.Module):
             found=s.found | newly,
             lo_t=jnp.where(newly, s.tprev, s.lo_t),
             hi_t=jnp.where(newly, s.tnext, s.hi_t),
-            lo_y=jax.tree.map(first, s.lo_y, s.y),
-            lo_f=jax.tree.map(first, s.lo_f, s.solver_state),
+            # written in the few steps where some crossing is new: the dense output is
+            # nine states per target, and selecting it every step cost a third of a flow
+            lo_dense=jax.lax.cond(
+                jnp.any(newly), lambda: jax.tree.map(first, s.lo_dense, dense), lambda: s.lo_dense
+            ),
         )
 
-    def locate_one(self, lo_t, hi_t, lo_y, lo_f, batched, j):
-        """One init's time in [lo_t, hi_t] where target j's gap reaches 0."""
+    def locate_one(self, lo_t, hi_t, dense, batched, j):
+        """One init's time in [lo_t, hi_t] where target j's gap reaches 0, on the dense
+        output the loop kept of that step (no step is taken again)."""
         p = self.problem
         args = p.args(batched)
-        # the recorded step retaken from (lo_t, lo_y): the same arithmetic, its dense output
-        _, _, dense, _ = _rk_step(p.solver.tableau, p.field, lo_t, hi_t, lo_y, args, lo_f)
         gap = lambda t: self.gaps_of(t, p.interpolate(lo_t, hi_t, dense, t), args)[j]
-        return chandrupatla(gap, lo_t, hi_t, self.gaps_of(lo_t, lo_y, args)[j], gap(hi_t))
+        return chandrupatla(gap, lo_t, hi_t, self.gaps_of(lo_t, dense["y0"], args)[j], gap(hi_t))
 
     def locate(self, s: _State, batched):
         """(inits, targets) crossing times: t0 where reached at the start, inf where never."""
         axis = self.problem.axis
-        locate = jax.vmap(self.locate_one, in_axes=(-1, -1, axis, axis, axis, None))  # one target, over inits
+        locate = jax.vmap(self.locate_one, in_axes=(-1, -1, axis, axis, None))  # one target, over inits
         # located on the recorded step's dense output (not differentiated through)
-        lo_t, hi_t, lo_y, lo_f, args_b = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_y, s.lo_f, batched))
+        lo_t, hi_t, dense, args_b = jax.lax.stop_gradient((s.lo_t, s.hi_t, s.lo_dense, batched))
         at_start = s.found & (s.hi_t == s.lo_t)
         needed = s.found & ~at_start
 
@@ -684,13 +688,11 @@ class _Crossings(eqx.Module):
         # inside the horizon (a default sweep's 0.99 level): the root finding's
         # iterations then run in lockstep over the block, not over every target too
         def one_target(x):
-            j, need, lo_t, hi_t, lo_y, lo_f = x
-            return jax.lax.cond(
-                jnp.any(need), lambda: locate(lo_t, hi_t, lo_y, lo_f, args_b, j), lambda: hi_t
-            )
+            j, need, lo_t, hi_t, dense = x
+            return jax.lax.cond(jnp.any(need), lambda: locate(lo_t, hi_t, dense, args_b, j), lambda: hi_t)
 
         targets = jnp.arange(s.found.shape[0])
-        located = jax.lax.map(one_target, (targets, needed, lo_t, hi_t, lo_y, lo_f))
+        located = jax.lax.map(one_target, (targets, needed, lo_t, hi_t, dense))
         return jnp.where(at_start, s.lo_t, jnp.where(s.found, located, jnp.inf)).T
 
 
