@@ -252,10 +252,9 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     at_once = AT_ONCE_CPU if jax.default_backend() == "cpu" else config.block_size * n_devices
     size = _round_up(min(at_once, config.chunk_size, config.inits), config.block_size)
 
-    stored = _stored_measure(_program(config), objective) if n_devices == 1 else None
-
     def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
         model = config.build_model(lo, lo + size)
+        stored = _stored_measure(_program(config), model, objective) if n_devices == 1 else None
         out = stored(model, objective) if stored else measure(config, model, objective, devices=devices)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
@@ -273,19 +272,25 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _stored_measure(config: SweepConfig, objective) -> StoredProgram | None:
+def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | None:
     """`measure` of a program config as a stored exported program (`_programs`), where
     the compile cache is on and `measure` is one program with no arithmetic after it (a
     flow reduced block by block in the engine's batched loop): exported whole, it computes
     the same bits. None otherwise (descent, and flows that restart for their hitting
     times, compute their rates and times after their solve: fused into one exported
-    program those round differently in the last bit)."""
+    program those round differently in the last bit). Decided once per program config,
+    from the first block's `model`."""
     folder = programs_dir()
     if folder is None or config.method != "flow":
         return None
-    if not crosses_in_loop(config.build_model(0, 1), objective, config.solve_options()):
-        return None
-    return _stored(config, folder)
+    key = (config, folder)
+    if key not in _EXPORTABLE:
+        _EXPORTABLE[key] = crosses_in_loop(model, objective, config.solve_options())
+    return _stored(config, folder) if _EXPORTABLE[key] else None
+
+
+#: (program config, programs folder) -> whether its `measure` is stored (`_stored_measure`).
+_EXPORTABLE: dict = {}
 
 
 @functools.lru_cache(maxsize=16)
