@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .core._choices import NORMALIZATION_NAMES
 from .core._errors import PolarizeError
-from .runs._config import METHODS, OBJECTIVES, SOLVERS, SweepConfig
+from .runs._config import METHODS, MODELS, OBJECTIVES, PROMPT_OBJECTIVES, SOLVERS, TRAIN, SweepConfig
 from .runs._folder import check_out, check_study_out, require_kind, stored_config
 from .runs._study_file import load_study
 from .transformer.cli import add_subcommands
@@ -27,7 +27,8 @@ def _add_sweep(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="Monte-Carlo study of polarization over many initializations",
-        description="Run many initializations of the value-attention model under one setting "
+        description="Run many initializations of the value-softmax model (or of prompt "
+        "attention, --model prompt) under one setting "
         "and write config.json, summary.json, per-initialization arrays and figures. "
         "Defaults are the paper's logistic toy (softmax, T = d = 8, exact flow to t = 1e5). "
         "Finished chunks are saved as they complete; --resume DIR continues an interrupted run.",
@@ -43,13 +44,19 @@ def _add_sweep(sub) -> None:
         # default None: lets --resume tell settings given on the command line from defaults
         p.add_argument(flag, type=kind, default=None, help=f"{help} (default {default})".strip(), **kw)
 
-    add("--objective", str, f"one of {', '.join(OBJECTIVES)}")
+    add(
+        "--model",
+        str,
+        f"one of {', '.join(MODELS)}: beta = V sigma(a), or prompt attention "
+        "f_i = v^T X_i^T sigma(X_i p) on random tokens (its max weight: the least polarized sample's)",
+    )
+    add("--objective", str, f"one of {', '.join(OBJECTIVES)} (model prompt: {', '.join(PROMPT_OBJECTIVES)})")
     add("--norm", str, f"one of {', '.join(NORMALIZATION_NAMES)}")
     add("--temperature", float, "softmax temperature")
     add("--sink", float, "softmax1 sink logit c")
     add("--tokens", int, "T, number of tokens")
     add("--dim", int, "d, value dimension")
-    add("--samples", int, "data points for logistic-data/square (None: 4d resp. d)")
+    add("--samples", int, "data points for logistic-data/square (None: 4d resp. d; model prompt: 4)")
     add("--kappa", float, "condition number of X (square loss)")
     add("--inits", int, "number of initializations")
     add("--method", str, f"one of {', '.join(METHODS)}: exact flow or gradient descent")
@@ -60,9 +67,15 @@ def _add_sweep(sub) -> None:
     add("--max-steps", int, "flow: solver steps per initialization before it counts as failed")
     add("--lr", float, "GD learning rate")
     add("--steps", int, "GD steps")
-    add("--v-scale", float, "V(0) ~ v_scale N(0,1)")
+    add("--v-scale", float, "V(0) ~ v_scale N(0,1); model prompt with --train vp: v(0)")
     add("--a-scale", float, "a(0) ~ a_offset + a_scale N(0,1)")
     add("--a-offset", float, "a(0) offset")
+    add(
+        "--train",
+        str,
+        f"model prompt: one of {', '.join(TRAIN)}: p only (v fixed at the task's v ~ N(0, I)) or v and p",
+    )
+    add("--p-scale", float, "model prompt: p(0) ~ p_scale N(0, I)")
     add("--seed", int, "the i-th initialization derives from (seed, i)")
     add("--n-save", int, "saved times per trajectory (log-spaced)")
     add("--snapshots", int, "saved times kept per initialization for figures")

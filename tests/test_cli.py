@@ -247,8 +247,11 @@ def test_help_and_bad_input_answer_before_jax_is_imported(tmp_path):
     cases = [
         (["--help"], 0, "COMMAND"),
         (["sweep", "--help"], 0, "--inits"),
+        (["sweep", "--help"], 0, "one of value, prompt"),
         (["sweep", "--norm", "nope"], 2, "`norm` must be one of softmax"),
         (["sweep", "--levels", "2"], 2, "`levels` must be numbers in (0, 1]"),
+        (["sweep", "--model", "prompt", "--objective", "logistic"], 2, "does not apply to model prompt"),
+        (["sweep", "--train", "vp"], 2, "--train (only for model prompt)"),
         (["sweep", "--resume", str(tmp_path / "none")], 2, "polarize: error:"),
         (["study", str(study)], 2, "is not a statistic"),
         (["report", str(tmp_path)], 2, "is neither a sweep folder"),

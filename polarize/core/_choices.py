@@ -33,6 +33,20 @@ LOSS_FRACTION = 1e-3
 PER_INIT = ("max_weight", "entropy", "eff_tokens", "top_share", "loss", "rate_C", "rate_drift")
 #: Ensemble fractions from summary.json a study can plot (besides fraction_reached_*).
 FRACTIONS = ("one_hot_fraction", "order_preserved_fraction", "winner_is_argmax_u0_fraction")
+#: The same two for a sweep of prompt attention (its token selection: `runs._sweep`).
+PROMPT_PER_INIT = (
+    "max_weight",
+    "entropy",
+    "loss",
+    "share_best",
+    "cos_selected",
+    "cos_best",
+    "p_norm",
+    "log_slope",
+    "svm_norm",
+    "cos_value",
+)
+PROMPT_FRACTIONS = ("one_hot_fraction", "share_global_selection")
 #: Default threshold eps of a sink head (`measure.sinks`): mean attention on one key above it.
 SINK_EPS = 0.3
 #: How sink metrics read a row (`measure.sinks`): |A| renormalized (the default), the

@@ -184,13 +184,15 @@ def init_prompts(
     v_scale: float | None = None,
     norm: AbstractNormalization | str = "softmax",
     train: Train = "p",
+    start: int = 0,
 ) -> PromptAttention:
-    """n initializations p(0) ~ p_scale N(0, I): initialization i from fold_in(key, i).
+    """n initializations p(0) ~ p_scale N(0, I): initialization i (counted from `start`)
+    from fold_in(key, i), so it is the same whatever n or the chunking.
 
     v is the given `v` for every initialization, or, with `v_scale`, v(0) ~ v_scale N(0, I)
     drawn from the same key (for joint training).
     """
-    keys = init_keys(key, n)
+    keys = init_keys(key, n, start)
     X, v = jnp.asarray(X), jnp.asarray(v)
     dim = X.shape[-1]
     draw = jax.vmap(lambda k: jax.random.normal(k, (2, dim), X.dtype))(keys)

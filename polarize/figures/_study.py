@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core._choices import PER_INIT
+from ..core._choices import PER_INIT, PROMPT_PER_INIT
 from ..measure._statistics import quantile
 from ._pyplot import pyplot
 from ._sweep import empty_figure, one_hot_fraction
@@ -22,7 +22,7 @@ def per_init_key(y: str) -> str | None:
     y = y.removeprefix("median_")
     if y.startswith(("time_to_", "rate_")):
         return y
-    return f"final_{y}" if y in PER_INIT else None
+    return f"final_{y}" if y in PER_INIT or y in PROMPT_PER_INIT else None
 
 
 def plot_study(study, runs: list, path: Path) -> Path:

@@ -39,10 +39,12 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
     unit = _time_label(config)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.88, wspace=0.22)
+    # prompt attention: the least polarized sample (`measure._selection.weight_statistics`)
+    prompt = getattr(config, "model", "value") == "prompt"
     panels = [
         (
             "series_max_weight",
-            "max weight  max_j p_j",
+            "max weight  min_i max_t p_it" if prompt else "max weight  max_j p_j",
             (0, 1.02),
             1.0 / config.tokens,
             "uniform 1/T",
@@ -50,7 +52,7 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
         ),
         (
             "series_entropy",
-            "entropy  H(p)  [nats]",
+            "entropy  max_i H(p_i)  [nats]" if prompt else "entropy  H(p)  [nats]",
             None,
             np.log(config.tokens),
             "uniform log T",
@@ -149,18 +151,76 @@ def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
     return Path(path)
 
 
+def plot_selections(arrays: dict, config, path: Path, *, most: int = 12) -> Path:
+    """How often each selection (the token each sample selects at the last time) is reached,
+    the `most` commonest; a selection of the best-score tokens marked (prompt attention)."""
+    plt = pyplot()
+    ok = np.asarray(arrays["ok"], bool)
+    selected, all_best = np.asarray(arrays["final_selected"])[ok], np.asarray(arrays["final_all_best"])[ok]
+    unique, inverse, counts = np.unique(selected, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(-counts, kind="stable")[:most]
+    names = ["-".join(str(int(t)) for t in unique[k]) for k in order]
+    is_best = [bool(np.any(all_best[inverse == k])) for k in order]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.25, top=0.9)
+    ax.bar(np.arange(len(order)), counts[order], color=["C2" if b else "C1" for b in is_best])
+    ax.set_xticks(np.arange(len(order)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_xlabel("selection (selected token of each sample), green: the best-score tokens")
+    ax.set_ylabel("initializations")
+    ax.set_title(
+        f"{len(unique)} selections at the last time; "
+        f"the best-score tokens: {all_best.sum()} of {ok.sum()} inits",
+        fontsize=10,
+    )
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_svm_alignment(arrays: dict, config, path: Path) -> Path:
+    """1 - cos(p(t), p_mm) with the attention SVM of each initialization's selection against
+    t: median and 10-90% band over the finished initializations whose selection is feasible
+    (prompt attention)."""
+    plt = pyplot()
+    ts = np.asarray(arrays["snap_ts"])
+    keep = ts > 0
+    use = np.asarray(arrays["ok"], bool) & np.asarray(arrays["final_feasible"], bool)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    fig.subplots_adjust(**MARGINS)
+    gap = 1.0 - np.asarray(arrays["series_cos_selected"], np.float64)
+    lo, mid, hi = bands(gap, use)
+    ax.fill_between(ts[keep], lo[keep], hi[keep], alpha=0.3, label="10-90% of inits")
+    ax.plot(ts[keep], mid[keep], lw=2, label="median")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(_time_label(config))
+    ax.set_ylabel("1 - cos(p, p_mm of the selection)")
+    ax.set_title(f"alignment with the attention SVM, {use.sum()} inits")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def figure_list(config) -> list[tuple]:
+    """(draw, file name) of every figure of a sweep of `config`."""
+    common = [(plot_bands, "weights.png"), (plot_entropy_histogram, "entropy_hist.png")]
+    if getattr(config, "model", "value") == "prompt":
+        own = [(plot_selections, "selections.png"), (plot_svm_alignment, "svm_alignment.png")]
+    else:
+        own = [(plot_winner_histogram, "winners.png")]
+    return common + own + [(plot_one_hot_fraction, "one_hot_fraction.png")]
+
+
 def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
-    """Every figure of a sweep folder, from its stored arrays.
+    """Every figure of a sweep folder, from its stored arrays (`figure_list`).
 
     Only finished initializations are drawn; with none, each figure says so instead.
     """
     out = Path(out)
-    figures = [
-        (plot_bands, "weights.png"),
-        (plot_entropy_histogram, "entropy_hist.png"),
-        (plot_winner_histogram, "winners.png"),
-        (plot_one_hot_fraction, "one_hot_fraction.png"),
-    ]
+    figures = figure_list(config)
     if not np.any(arrays["ok"]):
         note = f"no initialization finished ({len(arrays['ok'])} failed): nothing to draw"
         return [empty_figure(out / name, note) for _, name in figures]

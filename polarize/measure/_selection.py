@@ -6,14 +6,25 @@ the last saved time (argmax of sigma(X_i p)), whether it is the best-score token
 and with the SVM of the best-score selection (the global one of Tarzanagh et al.), |p(t)|
 and its slope against log t, and for joint training the cosine of v(t) with the value SVM.
 Computed on the host (the SVMs come from `polarize.measure._svm`), not under `jax.jit`.
+
+For sweeps also: `weight_statistics`, the polarization of a prompt-attention trajectory
+read through its least polarized sample (max weight: the minimum over samples of
+max_t p_t; entropy: the maximum over samples), the reading its hitting times use
+(`core._weights.max_weight`); and `aggregate_selection`, the ensemble numbers of the
+token selection.
 """
 
 import dataclasses
 
+import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 
+from ..core._batching import blockwise
 from ..core._errors import PolarizeError
 from ..core._prompt import PromptAttention
+from ..core._weights import max_entropy, max_weight
+from ._statistics import masked
 from ._svm import attention_svm, best_tokens, value_svm
 
 
@@ -150,3 +161,64 @@ def _unique_svms(solve, X, selections):
     unique, inverse = np.unique(selections, axis=0, return_inverse=True)
     result = solve(X, unique)
     return type(result)(*(x[inverse.reshape(-1)] for x in result))
+
+
+def weight_statistics(traj, *, keep=None) -> dict:
+    """Per initialization of a batched prompt-attention trajectory: `final_max_weight` (the
+    minimum over samples of max_t p_t, p = |s| / sum |s|: the least polarized sample),
+    `final_entropy` (the maximum over samples of H(p)) and `final_loss` at the last saved
+    time; with `keep` (indices of saved times), `snap_max_weight` and `snap_entropy` there
+    (float32). NaN where `ok` is False. Per initialization in fixed blocks, so the numbers
+    never depend on the rest of the batch."""
+    keep = None if keep is None else tuple(int(k) for k in np.asarray(keep).reshape(-1))  # static
+    return _weights_by_block(traj.weights, traj.loss, traj.ok, keep)
+
+
+@eqx.filter_jit
+def _weights_by_block(weights, loss, ok, keep):
+    def one(arrays):
+        weights, loss, ok = arrays
+        weights, loss = jnp.where(ok, weights, 0.0), jnp.where(ok, loss, 0.0)  # finite stand-ins
+        top, H = max_weight(weights, 1), max_entropy(weights, 1)  # (times,)
+        out = {"final_max_weight": top[-1], "final_entropy": H[-1], "final_loss": loss[-1]}
+        if keep is not None:
+            out["snap_max_weight"] = top[np.asarray(keep)].astype(jnp.float32)
+            out["snap_entropy"] = H[np.asarray(keep)].astype(jnp.float32)
+        return {k: masked(v, ok) for k, v in out.items()}
+
+    return blockwise(one, (weights, loss, ok))
+
+
+def aggregate_selection(final: dict) -> dict:
+    """Ensemble numbers of the token selection from per-initialization values (the names of
+    `TokenSelection.final()`, with `selected` (inits, samples)), over the initializations
+    that did not fail (`ok`); a median over those where the value is defined (finite),
+    None where there is none.
+
+    `share_global_selection`: the fraction with `all_best`; `n_selections`: the distinct
+    selections; `n_infeasible`: those whose selection has no attention SVM;
+    `median_one_minus_cos_selected`, `median_one_minus_cos_best`: of 1 - cos(p, p_mm) with
+    the SVM of the selection and of the best-score one; `median_slope_over_svm_norm`: of
+    the log-t slope of |p| over |p_mm|, over the feasible; `median_cos_value`: of
+    cos(v, v_mm) (joint training).
+    """
+    ok = np.asarray(final["ok"], bool)
+
+    def median(x, where=ok):
+        x = np.asarray(x, np.float64)[where]
+        x = x[np.isfinite(x)]
+        return float(np.median(x)) if x.size else None
+
+    feasible = ok & np.asarray(final["feasible"], bool)
+    return {
+        "share_global_selection": float(np.mean(np.asarray(final["all_best"])[ok])) if ok.any() else None,
+        "n_selections": int(len(np.unique(np.asarray(final["selected"])[ok], axis=0))),
+        "n_infeasible": int(np.sum(ok & ~feasible)),
+        "median_one_minus_cos_selected": median(1.0 - np.asarray(final["cos_selected"], np.float64)),
+        "median_one_minus_cos_best": median(1.0 - np.asarray(final["cos_best"], np.float64)),
+        "median_slope_over_svm_norm": median(
+            np.asarray(final["log_slope"], np.float64) / np.asarray(final["svm_norm"], np.float64),
+            feasible,
+        ),
+        "median_cos_value": median(final["cos_value"]),
+    }

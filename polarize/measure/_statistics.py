@@ -195,7 +195,7 @@ def final_of_one(
         at = np.searchsorted(times, np.asarray(keep) % n_times)
         out["snap_max_weight"] = every["max_weight"][at].astype(jnp.float32)
         out["snap_entropy"] = every["entropy"][at].astype(jnp.float32)
-    return {k: _failed(v, ok) for k, v in out.items()}
+    return {k: masked(v, ok) for k, v in out.items()}
 
 
 def order_flags_apply(objective: AbstractObjective, path: ValuePath, a) -> bool:
@@ -203,7 +203,7 @@ def order_flags_apply(objective: AbstractObjective, path: ValuePath, a) -> bool:
     return objective.direction() is not None and a.shape[-1] == path.shape[-1]
 
 
-def _failed(x, ok):
+def masked(x, ok):
     """x where ok, else NaN (floats), -1 (integers) or False (flags)."""
     if jnp.issubdtype(x.dtype, jnp.floating):
         return jnp.where(ok, x, jnp.nan)

@@ -7,11 +7,13 @@ imports nothing of the config: the registries' names are checked against the
 config's in tests/runs/test_config.py).
 """
 
+import functools
+
 import diffrax
 import jax
 import numpy as np
 
-from ..core._models import ValueAttention, as_key, init_ensemble
+from ..core._models import AbstractModel, as_key, init_ensemble
 from ..core._normalizations import AbstractNormalization, normalization
 from ..core._objectives import (
     AbstractObjective,
@@ -20,6 +22,7 @@ from ..core._objectives import (
     random_direction,
     random_labels,
 )
+from ..core._prompt import LogisticLabels, SquareLabels, init_prompts, prompt_task
 from ..core._times import save_times
 from ..solve._descent import save_steps
 from ..solve._options import SolveOptions, Targets
@@ -31,6 +34,8 @@ OBJECTIVES = {
     "square": lambda key, c: conditioned_regression(key, c.samples or c.dim, c.dim, c.kappa),
     "cross-entropy": lambda key, c: peaked_distribution(key, c.dim),
 }
+#: objective name of model prompt -> its label loss, built from the task's labels y.
+PROMPT_OBJECTIVES = {"logistic-data": LogisticLabels, "square": SquareLabels}
 #: solver name -> diffrax solver class (None: `flow`'s default).
 SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
 
@@ -41,7 +46,20 @@ def norm(config) -> AbstractNormalization:
 
 
 def objective(config) -> AbstractObjective:
+    if config.model == "prompt":
+        return PROMPT_OBJECTIVES[config.objective](prompt_data(config)[1])
     return OBJECTIVES[config.objective](jax.random.fold_in(as_key(config.seed), 2), config)
+
+
+def prompt_data(config) -> tuple:
+    """(X, y, v) of model prompt: `prompt_task` from fold_in(key(seed), 2)."""
+    return _prompt_task(config.seed, config.data_samples(), config.tokens, config.dim)
+
+
+@functools.lru_cache(maxsize=8)
+def _prompt_task(seed: int, samples: int, tokens: int, dim: int) -> tuple:
+    # drawn once per process, not once per piece of initializations
+    return prompt_task(jax.random.fold_in(as_key(seed), 2), samples, tokens, dim)
 
 
 def solver(config) -> diffrax.AbstractSolver | None:
@@ -49,7 +67,11 @@ def solver(config) -> diffrax.AbstractSolver | None:
     return None if cls is None else cls()
 
 
-def model(config, start: int, stop: int) -> ValueAttention:
+def model(config, start: int, stop: int) -> AbstractModel:
+    return MODELS[config.model](config, start, stop)
+
+
+def value_model(config, start: int, stop: int):
     return init_ensemble(
         jax.random.fold_in(as_key(config.seed), 1),
         stop - start,
@@ -61,6 +83,25 @@ def model(config, start: int, stop: int) -> ValueAttention:
         norm=norm(config),
         start=start,
     )
+
+
+def prompt_model(config, start: int, stop: int):
+    X, _, v = prompt_data(config)
+    return init_prompts(
+        jax.random.fold_in(as_key(config.seed), 1),
+        stop - start,
+        X,
+        v,
+        p_scale=config.p_scale,
+        v_scale=config.v_scale if config.train == "vp" else None,
+        norm=norm(config),
+        train=config.train,
+        start=start,
+    )
+
+
+#: model name -> builder(config, start, stop): initializations start .. stop - 1.
+MODELS = {"value": value_model, "prompt": prompt_model}
 
 
 def times(config) -> np.ndarray:

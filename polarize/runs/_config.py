@@ -1,10 +1,10 @@
 """A sweep's settings: `SweepConfig`, its defaults, its checks and the names it accepts.
 
 `SweepConfig` names everything that determines a sweep's numbers. Each family of
-names is listed once (`OBJECTIVES`, `SOLVERS`, `METHODS` here, the normalizations in
-`core._choices`); the CLI lists the same names, and `SweepConfig.build_objective()`,
-`.build_solver()`, `.build_model()` build the objects the runner uses (`_build`, the
-one place a setting turns into an object).
+names is listed once (`MODELS`, `OBJECTIVES`, `SOLVERS`, `METHODS`, `TRAIN` here, the
+normalizations in `core._choices`); the CLI lists the same names, and
+`SweepConfig.build_objective()`, `.build_solver()`, `.build_model()` build the objects
+the runner uses (`_build`, the one place a setting turns into an object).
 
 Randomness: the target/data come from fold_in(key(seed), 2) and initialization i
 from fold_in(fold_in(key(seed), 1), i), so every number is a function of
@@ -30,13 +30,27 @@ from ..core._choices import (
 )
 from ..core._errors import PolarizeError, check_choice, check_positive, check_type
 
+#: model name -> what is trained (built by `_build.MODELS`).
+MODELS = {
+    "value": "the value-softmax model beta = V sigma(a), V(0) ~ v_scale N(0, 1), "
+    "a(0) ~ a_offset + a_scale N(0, 1)",
+    "prompt": "prompt attention f_i = v^T X_i^T sigma(X_i p) on random tokens X ~ N(0, 1) "
+    "(samples x tokens x dim, samples default 4) with labels y = +-1 and v ~ N(0, I) "
+    "(`prompt_task`); p(0) ~ p_scale N(0, I); objective logistic-data or square",
+}
 #: objective name -> what the sweep's target is (built by `_build.OBJECTIVES`).
 OBJECTIVES = {
     "logistic": "logistic loss toward a random unit direction",
-    "logistic-data": "logistic loss on random labelled data (samples, default 4 d)",
-    "square": "square loss on a regression with condition number kappa",
+    "logistic-data": "logistic loss on random labelled data (samples, default 4 d; "
+    "model prompt: the logistic loss of its labels, samples default 4)",
+    "square": "square loss on a regression with condition number kappa (model prompt: "
+    "the square loss of its labels)",
     "cross-entropy": "cross-entropy toward a peaked distribution",
 }
+#: The objectives of model prompt (their label losses: `_build.PROMPT_OBJECTIVES`).
+PROMPT_OBJECTIVES = ("logistic-data", "square")
+#: What model prompt trains: p alone (v fixed at the task's v), or v and p, v(0) ~ v_scale N(0, I).
+TRAIN = {"p": "p only, v fixed (the max-margin theorems' setting)", "vp": "v and p jointly"}
 #: solver names; "auto" is `flow`'s default (stiff objectives get the Rosenbrock-W
 #: method of `polarize.solve._stiff`, the rest Tsit5); the others are diffrax's.
 SOLVERS = ("auto", "tsit5", "dopri5", "kvaerno5")
@@ -57,6 +71,7 @@ ACCELERATOR_SIZES = {"chunk_size": 131_072, "block_size": 16_384}
 class SweepConfig:
     """Everything that determines a sweep's numbers (defaults: the paper's logistic toy)."""
 
+    model: str = "value"
     objective: str = "logistic"
     norm: str = "softmax"
     temperature: float = 1.0
@@ -77,6 +92,8 @@ class SweepConfig:
     v_scale: float = 0.1
     a_scale: float = 0.0
     a_offset: float = 0.0
+    train: str = "p"
+    p_scale: float = 0.3
     seed: int = 0
     n_save: int = 64
     snapshots: int = 32
@@ -100,7 +117,14 @@ class SweepConfig:
             raise PolarizeError(f"`seed` must be a 64-bit integer, |seed| < 2**63; got {self.seed}")
         if self.n_save < 2:
             raise PolarizeError(f"`n_save` must be >= 2 (the first and last saved times); got {self.n_save}")
+        check_choice("model", self.model, MODELS)
         check_choice("objective", self.objective, OBJECTIVES)
+        if self.model == "prompt" and self.objective not in PROMPT_OBJECTIVES:
+            raise PolarizeError(
+                f"`objective` {self.objective} does not apply to model prompt; "
+                f"valid: {', '.join(PROMPT_OBJECTIVES)}"
+            )
+        check_choice("train", self.train, TRAIN)
         check_choice("norm", self.norm, NORMALIZATION_NAMES)
         check_choice("method", self.method, METHODS)
         check_choice("solver", self.solver, SOLVERS)
@@ -112,7 +136,7 @@ class SweepConfig:
                 check_positive(name, getattr(self, name), integer=True)
         for name in ("t1", "rtol", "atol", "lr", "temperature", "kappa"):
             check_positive(name, getattr(self, name))
-        for name in ("v_scale", "a_scale", "a_offset", "sink", "threshold"):
+        for name in ("v_scale", "a_scale", "a_offset", "p_scale", "sink", "threshold"):
             value = getattr(self, name)
             if not np.isfinite(value):
                 raise PolarizeError(f"`{name}` must be finite; got {value!r}")
@@ -129,9 +153,10 @@ class SweepConfig:
         with where it applies: [("temperature", "only for norm softmax"), ...]."""
         out = []
         for name in names:
-            rule = _APPLIES.get(name)
-            if rule is not None and getattr(self, rule[0]) not in rule[1]:
-                out.append((name, f"only for {rule[0]} {' or '.join(rule[1])}"))
+            rules = _APPLIES.get(name, ())
+            if not all(getattr(self, setting) in values for setting, values in rules):
+                where = " and ".join(f"{setting} {' or '.join(values)}" for setting, values in rules)
+                out.append((name, f"only for {where}"))
         return out
 
     @classmethod
@@ -170,7 +195,8 @@ class SweepConfig:
         return _builders().solver(self)
 
     def build_model(self, start: int, stop: int):
-        """Initializations start .. stop - 1 (each from (seed, i) alone), a `ValueAttention`."""
+        """Initializations start .. stop - 1 (each from (seed, i) alone): a `ValueAttention`,
+        or a `PromptAttention` on the sweep's tokens for model prompt."""
         return _builders().model(self, start, stop)
 
     # -- what a sweep stores -------------------------------------------------------------
@@ -197,20 +223,36 @@ class SweepConfig:
         return time_names(self.levels, self.loss_fraction)
 
     def fits_rate(self) -> bool:
-        return self.objective in LOGISTIC
+        """Whether `rate_C` is fitted: the value model under a logistic objective (prompt
+        attention's tails fall like a power of t, not like (log t)^-2)."""
+        return self.model == "value" and self.objective in LOGISTIC
+
+    def data_samples(self) -> int | None:
+        """The samples of the sweep's data: `samples`, or its default (None: no data)."""
+        if self.model == "prompt":
+            return self.samples or PROMPT_SAMPLES
+        return self.samples or {"logistic-data": 4 * self.dim, "square": self.dim}.get(self.objective)
 
 
 #: a field's annotation -> the kind `check_type` checks (anything else: "number")
 _KINDS = {str: "string", int: "integer", int | None: "integer"}
-#: setting -> (the setting it depends on, the values where it is used)
+#: setting -> the (setting, values where it is used) it depends on, all of them
 _APPLIES = {
-    "temperature": ("norm", ("softmax",)),
-    "sink": ("norm", ("softmax1",)),
-    "kappa": ("objective", ("square",)),
-    "samples": ("objective", ("logistic-data", "square")),
-    **{name: ("method", ("flow",)) for name in ("t1", "rtol", "atol", "solver", "max_steps")},
-    **{name: ("method", ("gd",)) for name in ("lr", "steps")},
+    "temperature": (("norm", ("softmax",)),),
+    "sink": (("norm", ("softmax1",)),),
+    "kappa": (("objective", ("square",)), ("model", ("value",))),
+    "samples": (("objective", ("logistic-data", "square")),),
+    **{name: (("method", ("flow",)),) for name in ("t1", "rtol", "atol", "solver", "max_steps")},
+    **{name: (("method", ("gd",)),) for name in ("lr", "steps")},
+    **{name: (("model", ("value",)),) for name in ("a_scale", "a_offset")},
+    **{name: (("model", ("prompt",)),) for name in ("train", "p_scale")},
 }
+#: Samples of model prompt where `samples` is None (the issue's probe: n = 4, T = 5, d = 6).
+PROMPT_SAMPLES = 4
+#: Settings added after sweeps were first stored, at the values every earlier sweep had:
+#: the settings hash (`_folder.settings_hash`) leaves them out where they hold these, so
+#: the chunks of a folder stored before them still resume.
+LATER_SETTINGS = {"model": "value", "train": "p", "p_scale": 0.3}
 
 
 def _builders():

@@ -26,7 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..core._errors import PolarizeError
-from ._config import SweepConfig
+from ._config import LATER_SETTINGS, SweepConfig
 from ._storage import read_json
 
 #: What polarize writes in a folder of each kind (glob patterns of top-level names).
@@ -222,8 +222,13 @@ class FolderLock:
 
 def settings_hash(config: SweepConfig) -> str:
     """SHA-256 of the settings that determine a sweep's numbers: all but `chunk_size`
-    (a chunk's own range is stored with it)."""
-    settings = {k: v for k, v in config.to_dict().items() if k != "chunk_size"}
+    (a chunk's own range is stored with it), and but the `LATER_SETTINGS` where they
+    hold the value every sweep had before they existed (a folder stored then resumes)."""
+    settings = {
+        k: v
+        for k, v in config.to_dict().items()
+        if k != "chunk_size" and not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])
+    }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

@@ -5,7 +5,9 @@ Files of a finished run folder (besides config.json and chunks/):
     summary.json   ensemble numbers (`polarize.measure.aggregate`); null = undefined
                    or never reached (see the `fraction_reached_*` next to it)
     per_init.npz   one value per initialization: final_*, time_to_*, rate_*, ok, status
-    series.npz     max weight and entropy at the snapshot times (float32), with `ts`
+                   (model prompt: also the token selection, final_selected (inits, samples), ...)
+    series.npz     max weight and entropy (model prompt: and cos(p, p_mm)) at the snapshot
+                   times (float32), with `ts`
     sample.npz     full trajectories of the first `--sample` initializations
     *.png          figures (`polarize.figures`)
 
@@ -24,6 +26,7 @@ import numpy as np
 from ..core import status
 from ..core._errors import PolarizeError
 from ..figures._sweep import sweep_figures
+from ..measure._selection import aggregate_selection
 from ..measure._statistics import aggregate
 from ._config import SweepConfig
 from ._folder import stored_config
@@ -35,7 +38,10 @@ def summary_of(config: SweepConfig, arrays: dict) -> dict:
     final = {k.removeprefix("final_"): v for k, v in arrays.items() if k.startswith("final_")}
     final.update({k: v for k, v in arrays.items() if k.startswith(("time_to_", "rate_"))})
     final["ok"], final["status"] = arrays["ok"], arrays["status"]
-    return aggregate(final, config.threshold)
+    summary = aggregate(final, config.threshold)
+    if config.model == "prompt":
+        summary.update(aggregate_selection(final))
+    return summary
 
 
 class Gather:
@@ -187,12 +193,18 @@ class Run:
 
     def frame(self):
         """One row per initialization: `init`, every final statistic, hitting time and rate,
-        `ok`, `status` and `status_name`, then the config's settings as columns."""
+        `ok`, `status` and `status_name`, then the config's settings as columns. A prompt
+        sweep's `final_selected` and `final_best` (one token per sample) are one column
+        each of strings "2-0-4-1" (sample 0 first; None where the init failed), so that
+        `frame.groupby("final_selected")` groups the initializations by selection."""
         import pandas as pd
 
         n = self.config.inits
         columns = {"init": np.arange(n)}
         columns.update({k: v for k, v in self.arrays.items() if np.shape(v)[:1] == (n,) and np.ndim(v) == 1})
+        for k in ("final_selected", "final_best"):
+            if k in self.arrays:
+                columns[k] = [None if min(t) < 0 else "-".join(map(str, t)) for t in self.arrays[k].tolist()]
         columns["ok"] = np.asarray(columns["ok"], bool)
         frame = pd.DataFrame(columns)
         frame["status_name"] = pd.Categorical([status.name(c) for c in frame["status"]])
@@ -202,20 +214,16 @@ class Run:
 
     def series(self):
         """Long format: one row per initialization and snapshot time (`init`, `time`,
-        `max_weight`, `entropy`, `ok`)."""
+        `max_weight`, `entropy`, for a prompt sweep `cos_selected`, then `ok`)."""
         import pandas as pd
 
-        mw, H = self.arrays["series_max_weight"], self.arrays["series_entropy"]
-        n, k = mw.shape
-        return pd.DataFrame(
-            {
-                "init": np.repeat(np.arange(n), k),
-                "time": np.tile(self.arrays["snap_ts"], n),
-                "max_weight": mw.reshape(-1),
-                "entropy": H.reshape(-1),
-                "ok": np.repeat(np.asarray(self.arrays["ok"], bool), k),
-            }
-        )
+        n, k = self.arrays["series_max_weight"].shape
+        columns = {"init": np.repeat(np.arange(n), k), "time": np.tile(self.arrays["snap_ts"], n)}
+        for name in ("max_weight", "entropy", "cos_selected"):
+            if f"series_{name}" in self.arrays:
+                columns[name] = self.arrays[f"series_{name}"].reshape(-1)
+        columns["ok"] = np.repeat(np.asarray(self.arrays["ok"], bool), k)
+        return pd.DataFrame(columns)
 
 
 def load_run(out) -> "Run":
@@ -265,15 +273,26 @@ def result_line(config: SweepConfig, summary: dict) -> str:
     # where no logit moved by more than atol, the order is not measured (`order_statistics`)
     unmeasured = f" ({unmeasured} with logits that never moved > atol: not measurable)" if unmeasured else ""
     horizon = f"t={config.t1:.3g}" if config.method == "flow" else f"{config.steps} steps lr={config.lr:g}"
+    if config.model == "prompt":
+        model = f"prompt ({config.train}) {config.norm}/{config.objective}"
+        own = (
+            f"global selection {pct(summary['share_global_selection'])}, "
+            f"{summary['n_selections']} selections, "
+            f"median 1-cos(p, p_mm) {num(summary['median_one_minus_cos_selected'])}"
+        )
+    else:
+        model = f"{config.norm}/{config.objective}"
+        own = (
+            f"order preserved {pct(summary['order_preserved_fraction'])}, "
+            f"winner=argmax u0 {pct(summary['winner_is_argmax_u0_fraction'])}{unmeasured}"
+        )
     return (
-        f"{config.norm}/{config.objective} {config.method} to {horizon}: "
+        f"{model} {config.method} to {horizon}: "
         f"{summary['n_inits']} inits, {summary['n_failed']} failed | "
         f"median t({level:g}) {num(summary.get(f'median_time_to_{level:g}'))} "
         f"(reached {pct(summary.get(f'fraction_reached_{level:g}'))}), "
         f"one-hot(>={config.threshold:g}) {pct(summary['one_hot_fraction'])}, "
         f"median max weight {num(summary['median_max_weight'])}, "
-        f"median entropy {num(summary['median_entropy'])}, "
-        f"order preserved {pct(summary['order_preserved_fraction'])}, "
-        f"winner=argmax u0 {pct(summary['winner_is_argmax_u0_fraction'])}{unmeasured} "
+        f"median entropy {num(summary['median_entropy'])}, {own} "
         f"[{summary.get('wall_seconds', float('nan')):.1f} s]"
     )

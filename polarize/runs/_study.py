@@ -12,9 +12,12 @@
 
 Statistics for `y`: any per-initialization statistic a sweep stores (`max_weight`,
 `entropy`, `eff_tokens`, `top_share`, `loss`, `time_to_<level>`, `time_to_loss_<f>`,
-`rate_C`, `rate_drift`), drawn as the median over finished initializations with a
-10-90% band (log axis for times and rates), or an ensemble fraction
-(`one_hot_fraction`, `fraction_reached_<level>`, ...), drawn as a line. The grid key
+`rate_C`, `rate_drift`; for model prompt `max_weight`, `entropy`, `loss`, the hitting
+times and the token selection's `share_best`, `cos_selected`, `cos_best`, `p_norm`,
+`log_slope`, `svm_norm`, `cos_value`), drawn as the median over finished
+initializations with a 10-90% band (log axis for times and rates), or an ensemble
+fraction (`one_hot_fraction`, `fraction_reached_<level>`, ...; for model prompt
+`share_global_selection`), drawn as a line. The grid key
 `seed` counts as replication: cells that differ only in seed are pooled.
 
 The figure (comparison.png): with `x`, the statistics against it, one line per value

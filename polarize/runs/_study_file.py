@@ -10,7 +10,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from ..core._choices import FRACTIONS, PER_INIT
+from ..core._choices import FRACTIONS, PER_INIT, PROMPT_FRACTIONS, PROMPT_PER_INIT
 from ..core._errors import PolarizeError
 from ._config import SweepConfig
 
@@ -51,6 +51,8 @@ def statistic_names(config: SweepConfig) -> list[str]:
     """The statistics a study can plot for cells with this config."""
     times = config.time_names()
     reached = [f"fraction_reached_{n.removeprefix('time_to_')}" for n in times]
+    if config.model == "prompt":
+        return [*PROMPT_PER_INIT, *times, *PROMPT_FRACTIONS, *reached]
     return [*PER_INIT, *times, *FRACTIONS, *reached]
 
 

@@ -11,7 +11,10 @@ result is bit-identical to an uninterrupted run. With several processes
 Per initialization only reduced quantities are kept (`measure`): final statistics
 (`polarize.statistics`), hitting times (located on the flow's own accepted steps,
 `polarize.hitting.flow_with_hitting_times`) and the logistic rate (`polarize.hitting`),
-`ok`/`status`, and `snapshots` log-spaced values of max weight and entropy.
+`ok`/`status`, and `snapshots` log-spaced values of max weight and entropy. A sweep of
+model prompt keeps its blocks' trajectories and measures them on the host: max weight
+and entropy of the least polarized sample (`measure._selection.weight_statistics`) and
+the token selection with its SVMs (`token_selection`, `_selection_arrays`).
 """
 
 import contextlib
@@ -34,6 +37,7 @@ from ..core._trajectory import Trajectory
 from ..core._weights import distribution
 from ..figures._pyplot import pyplot
 from ..measure._rates import logistic_rate
+from ..measure._selection import token_selection, weight_statistics
 from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
 from ..solve._descent import descend_with_hitting_times
 from ..solve._devices import barrier, my_chunks, over_devices
@@ -89,12 +93,15 @@ def memory_estimate(config: SweepConfig, threads: int) -> tuple[float, int]:
     sample), its state and, where the sweep keeps trajectories, its saved states."""
     config = config.resolved()
     flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
-    samples = {"logistic-data": 4 * config.dim, "square": config.dim}.get(config.objective, 0)
-    samples = (config.samples or samples) if samples else 0
-    state = (config.dim + 2) * config.tokens
-    per_init = DATA_ARRAYS * samples + STATE_ARRAYS * state
-    if config.method == "gd" or config.objective in ("square", "cross-entropy"):
-        per_init += config.n_save * (state + 2)  # trajectories kept for their statistics
+    samples = config.data_samples() or 0
+    if config.model == "prompt":  # residuals over every token of every sample; state (v, p)
+        data, state, saved = samples * config.tokens, 2 * config.dim, 2 * config.dim + samples * config.tokens
+    else:
+        data, state = samples, (config.dim + 2) * config.tokens
+        saved = state
+    per_init = DATA_ARRAYS * data + STATE_ARRAYS * state
+    if config.method == "gd" or config.objective in ("square", "cross-entropy") or config.model == "prompt":
+        per_init += config.n_save * (saved + 2)  # trajectories kept for their statistics
     return BASE_BYTES + 8.0 * flight * per_init, flight
 
 
@@ -149,7 +156,7 @@ def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory,
 #: data) or what is made of its results afterwards, never the program that solves and
 #: measures a piece: `_program` resets them, so that cells of a study that differ only
 #: in these (a grid over kappa, v_scale or seed) share one compiled program.
-DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "seed", "inits", "chunk_size", "threshold")
+DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "p_scale", "seed", "inits", "chunk_size", "threshold")
 
 
 def _program(config: SweepConfig) -> SweepConfig:
@@ -168,16 +175,22 @@ def _solved(config: SweepConfig):
         ("steps",) if config.method == "flow" else ()
     )
 
+    # model prompt keeps its trajectories: its token selection is measured on the host
+    reduce = _reducer(config) if config.model == "value" else None
+
     def solved(model, objective):
         if config.method == "flow":
             options, names = config.solve_options(), config.time_names()
-            result, times = flow_and_crossings(model, objective, options, names, reduce=_reducer(config))
-            if times is not None:  # reduced block by block: no trajectory was stored
+            result, times = flow_and_crossings(model, objective, options, names, reduce=reduce)
+            if times is not None and reduce is not None:  # reduced block by block: no trajectory stored
                 return {"reduced": result, "times": times}
             traj = result
         else:
             traj, times = solve_with_times(config, model, objective)
-        stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
+        if config.model == "prompt":
+            stats = weight_statistics(traj, keep=config.snapshot_index())
+        else:
+            stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
     return solved
@@ -232,7 +245,23 @@ def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
         max_weight = jnp.max(distribution(traj.weights), axis=-1)
         rate = logistic_rate(config.times(), max_weight, t1=config.horizon())
         out.update({k: jnp.where(traj.ok, v, jnp.nan) for k, v in rate.items()})
+    if config.model == "prompt":
+        out.update(_selection_arrays(config, traj, model, objective))
     out["ok"], out["status"] = traj.ok, traj.status
+    return out
+
+
+def _selection_arrays(config: SweepConfig, traj: Trajectory, model, objective) -> dict[str, np.ndarray]:
+    """What a prompt sweep keeps of `token_selection` per initialization: each number of
+    `TokenSelection.final()` as `final_<name>` (|p| as `final_p_norm`: `norm` is the
+    normalization's setting), the selected and best-score tokens `final_selected`,
+    `final_best` (inits, samples), and `snap_cos_selected` at the snapshots (float32)."""
+    selection = token_selection(traj, model, objective)
+    names = {"norm": "p_norm"}
+    out = {f"final_{names.get(k, k)}": v for k, v in selection.final().items() if k != "ok"}
+    out["final_selected"] = selection.selected.astype(np.int32)
+    out["final_best"] = selection.best.astype(np.int32)
+    out["snap_cos_selected"] = selection.cos_selected[:, config.snapshot_index()].astype(np.float32)
     return out
 
 
@@ -281,8 +310,8 @@ def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | No
     program those round differently in the last bit). Decided once per program config,
     from the first block's `model`."""
     folder = programs_dir()
-    if folder is None or config.method != "flow":
-        return None
+    if folder is None or config.method != "flow" or config.model != "value":
+        return None  # (model prompt measures its token selection on the host: not one program)
     key = (config, folder)
     if key not in _EXPORTABLE:
         _EXPORTABLE[key] = crosses_in_loop(model, objective, config.solve_options())
@@ -439,7 +468,8 @@ def _sample(config: SweepConfig, sample: int) -> dict | None:
         return None
     n = min(sample, config.inits)
     traj = solve(config, config.build_model(0, n), config.build_objective())
-    return {k: getattr(traj, k) for k in ("ts", "V", "a", "weights", "loss", "ok", "status")}
+    states = ("p", "v") if config.model == "prompt" else ("V", "a")
+    return {k: getattr(traj, k) for k in ("ts", *states, "weights", "loss", "ok", "status")}
 
 
 def _release_free_memory() -> None:

@@ -37,7 +37,7 @@ from jaxtyping import Array, Float
 from ..core._batching import blockwise, exact_matmuls, partition_inits
 from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
 from ..core._errors import PolarizeError, check_positive
-from ..core._models import AbstractModel, with_params
+from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, observe
 from ..core.fields import choose_field
@@ -198,7 +198,7 @@ def _first_crossings(
     field = choose_field(model, objective)
 
     def locate(kind, value, start, stop):
-        restart = with_params(model, (path.at(start), a[start]))
+        restart = model.at_state(path.at(start), a[start])
         constants = field.constants(restart, objective)
 
         def vector_field(tau, y, args):  # d y / d tau = (1 + t) dy/dt, t = exp(tau) - 1

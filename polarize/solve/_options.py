@@ -22,7 +22,7 @@ from ..core._errors import PolarizeError, check_choice, check_positive
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._times import check_times
-from ..core._weights import distribution
+from ..core._weights import max_weight
 from ..core.fields import PATHS, AbstractField, Path
 from . import _stiff
 
@@ -58,11 +58,13 @@ class Targets(eqx.Module):
 
     def from_observed(self, weights, loss, levels):
         """g_j >= 0 exactly when target j is reached (max weight - level, or level - loss),
-        from weights (..., tokens) and loss (...): (targets, ...)."""
-        max_weight = jnp.max(distribution(weights), axis=-1)
-        pad = lambda x: x.reshape(x.shape + (1,) * max_weight.ndim)  # targets in front
+        from weights (..., tokens) and loss (...): (targets, ...). Weights with a samples
+        axis, (..., samples, tokens) (prompt attention), reach a level when every sample
+        does (`core._weights.max_weight`)."""
+        top = max_weight(weights, loss.ndim)
+        pad = lambda x: x.reshape(x.shape + (1,) * top.ndim)  # targets in front
         grow = lambda x: x.reshape((1,) * self.kinds.ndim + x.shape)
-        return jnp.where(pad(self.kinds) == 0, grow(max_weight) - pad(levels), pad(levels) - grow(loss))
+        return jnp.where(pad(self.kinds) == 0, grow(top) - pad(levels), pad(levels) - grow(loss))
 
 
 class SolveOptions(eqx.Module):

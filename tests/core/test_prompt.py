@@ -60,8 +60,13 @@ def test_auto_path_is_the_closed_form_and_ensembles_batch():
     assert isinstance(choose_field(model, pz.LogisticLabels(y)), Prompt)
     assert model.batch_size == 3 and model.trainable == ("p",)
     assert pz.init_prompts(0, 3, X, v, v_scale=0.5, train="vp").trainable == ("v", "p")
-    # initialization i depends on (seed, i) alone
+    # initialization i depends on (seed, i) alone, counted from `start`
     np.testing.assert_array_equal(pz.init_prompts(0, 5, X, v).p[:3], model.p)
+    later = pz.init_prompts(0, 2, X, v, v_scale=0.5, train="vp", start=3)
+    whole = pz.init_prompts(0, 5, X, v, v_scale=0.5, train="vp")
+    np.testing.assert_array_equal(later.p, whole.p[3:])
+    np.testing.assert_array_equal(later.v, whole.v[3:])
+    assert not np.array_equal(later.p, whole.p[:2])
 
 
 def test_bad_input_is_refused():

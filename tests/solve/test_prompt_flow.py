@@ -125,3 +125,24 @@ def test_square_labels_take_the_stiff_default_at_long_horizons():
     traj = pz.flow(model, pz.SquareLabels(y), t1=1e6, n_save=3)  # Tsit5 on the log clock: max_steps
     assert bool(np.all(traj.ok)) and bool(np.all(traj.steps < 1000))
     assert float(np.max(traj.loss[:, -1])) < 1e-20
+
+
+def test_hitting_times_read_the_least_polarized_sample():
+    """A level is reached when every sample's max weight is: the crossings located on the
+    solver's steps (`flow_with_hitting_times`) and those restarted from saved states
+    (`hitting_times`) agree, and each lies where min_i max_t p_it crosses on saved times."""
+    X, y, v = pz.prompt_task(0, 4, 5, 6)
+    model, objective = pz.init_prompts(1, 3, X, v), pz.LogisticLabels(y)
+    options = dict(t1=1e4, levels=(0.5, 0.9), loss_fraction=None, rtol=1e-10, atol=1e-12)
+    traj, in_loop = pz.flow_with_hitting_times(model, objective, **options)
+    restarted = pz.hitting_times(
+        traj, model, objective, **{k: options[k] for k in ("levels", "loss_fraction")}
+    )
+    top = np.asarray(traj.weights).max(axis=-1).min(axis=-1)  # softmax weights are a distribution
+    ts = np.asarray(traj.ts)
+    for level in (0.5, 0.9):
+        a, b = np.asarray(in_loop[f"time_to_{level:g}"]), np.asarray(restarted[f"time_to_{level:g}"])
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+        k = np.argmax(top >= level, axis=-1)
+        assert np.all(top[np.arange(3), k] >= level) and np.all(k > 0)
+        assert np.all((ts[k - 1] <= a) & (a <= ts[k]))
