@@ -346,8 +346,8 @@ def test_a_sweep_that_will_not_fit_in_memory_is_refused_with_its_estimate(tmp_pa
     ]
     assert main(argv) == 2
     line = one_error_line(capsys)
-    # 0.7 GB + 4096 in flight x (4 arrays of 20000 + 40 of 40 x 2) float64: 3.4 GB (measured: 3.30 GB)
-    assert "needs about 3.4 GB" in line and "--chunk-size 1152" in line and "--force" in line
+    # 0.7 GB + 4096 in flight x (4 arrays of 20000 + 68 of 40 x 2) float64: 3.5 GB (measured: 3.30 GB)
+    assert "needs about 3.5 GB" in line and "--chunk-size 1152" in line and "--force" in line
     assert not out.exists()  # refused before anything is written
     config = SweepConfig(objective="logistic-data", samples=20000, inits=4096)
     _sweep.check_memory(config, force=True)  # --force: not checked
