@@ -1,8 +1,9 @@
 """Are a sweep's stored numbers the same as at another commit? Bit for bit, on this machine.
 
-Runs four sweeps (the default logistic flow, square with the stiff default, gradient
-descent, cross-entropy) with the polarize of this tree and with the polarize of a git
-ref (checked out in a temporary worktree, run in its own Python process), then
+Runs five sweeps (the default logistic flow, square with the stiff default and at a
+horizon where the default is Tsit5, gradient descent, cross-entropy) with the polarize
+of this tree and with the polarize of a git ref (checked out in a temporary worktree,
+run in its own Python process), then
 compares every array of per_init.npz and series.npz exactly (NaN equal to NaN).
 
     python benchmarks/same_numbers.py --ref 318597f        # this tree against a commit
@@ -29,6 +30,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = {
     "default": ["--inits", "300"],
     "square": ["--objective", "square", "--tokens", "10", "--dim", "10", "--inits", "200", "--t1", "1e4"],
+    # a horizon short enough for Tsit5: the stored program is traced with the default's choice
+    "square-short": [
+        "--objective",
+        "square",
+        "--tokens",
+        "10",
+        "--dim",
+        "10",
+        "--inits",
+        "200",
+        "--t1",
+        "300",
+    ],
     "gd": ["--method", "gd", "--inits", "200", "--steps", "2000", "--lr", "0.5"],
     "cross-entropy": ["--objective", "cross-entropy", "--tokens", "6", "--dim", "6", "--inits", "128"]
     + ["--t1", "1e3"],

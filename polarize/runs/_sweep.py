@@ -41,7 +41,7 @@ from ..measure._selection import token_selection, weight_statistics
 from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
 from ..solve._descent import descend_with_hitting_times
 from ..solve._devices import barrier, my_chunks, over_devices
-from ..solve._flow import crosses_in_loop
+from ..solve._flow import crosses_in_loop, decided
 from ..solve._hitting import (
     flow_and_crossings,
     restarted_hitting_times,
@@ -167,9 +167,10 @@ def _program(config: SweepConfig) -> SweepConfig:
 
 
 @functools.lru_cache(maxsize=16)
-def _solved(config: SweepConfig):
+def _solved(config: SweepConfig, method: tuple | None = None):
     """The per-device part of `measure` for `config`: one function object per config, so
-    the sharded program over several devices is compiled once, not once per chunk."""
+    the sharded program over several devices is compiled once, not once per chunk.
+    `method`: (solver, clock) decided beforehand (see `measure`)."""
     # per-initialization fields only (descent's `steps` are the shared saved step indices)
     fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
         ("steps",) if config.method == "flow" else ()
@@ -180,7 +181,7 @@ def _solved(config: SweepConfig):
 
     def solved(model, objective):
         if config.method == "flow":
-            options, names = config.solve_options(), config.time_names()
+            options, names = _options(config, method), config.time_names()
             result, times = flow_and_crossings(model, objective, options, names, reduce=reduce)
             if times is not None and reduce is not None:  # reduced block by block: no trajectory stored
                 return {"reduced": result, "times": times}
@@ -216,15 +217,17 @@ def _reducer(config: SweepConfig):
     return reduce
 
 
-def measure(config: SweepConfig, model, objective, *, devices=None) -> dict:
+def measure(config: SweepConfig, model, objective, *, devices=None, method: tuple | None = None) -> dict:
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
     The solves, hitting times and statistics are split over `devices`; the numbers do
     not depend on the device count. Hitting times that need restarted solves (solvers
     outside the batched loop) run on one device: their restarted solves' root finding
-    rounded differently inside `shard_map`.
+    rounded differently inside `shard_map`. `method` (solver, clock) replaces the
+    config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
+    sweep's concrete objective (a stored program's trace cannot read its curvature).
     """
-    out = over_devices(_solved(_program(config)), model, objective, devices)
+    out = over_devices(_solved(_program(config), method), model, objective, devices)
     if "reduced" in out:
         reduced = dict(out["reduced"])
         ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))
@@ -278,12 +281,15 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     config = config.resolved()
     objective = _objective(config)
     n_devices = len(devices or jax.local_devices())
-    at_once = AT_ONCE_CPU if jax.default_backend() == "cpu" else config.block_size * n_devices
-    size = _round_up(min(at_once, config.chunk_size, config.inits), config.block_size)
+    # XLA's CPU runtime runs a program on one core: on one CPU device, runs of blocks go
+    # side by side to `cpu_threads()` threads (the same programs, so the same numbers)
+    one_cpu = jax.default_backend() == "cpu" and n_devices == 1
+    threads = cpu_threads() if one_cpu else 1
+    size = piece_size(config, n_devices)
 
     def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
         model = config.build_model(lo, lo + size)
-        stored = _stored_measure(_program(config), model, objective) if n_devices == 1 else None
+        stored = _stored_measure(config, model, objective) if n_devices == 1 else None
         out = stored(model, objective) if stored else measure(config, model, objective, devices=devices)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
@@ -293,38 +299,61 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     if key not in _COMPILED:  # the first run alone compiles; the others reuse it
         parts.append(blocks(starts.pop(0)))
         _COMPILED.add(key)
-    # XLA's CPU runtime runs a program on one core: on one CPU device, runs of blocks go
-    # side by side to `cpu_threads()` threads (the same programs, so the same numbers)
-    one_cpu = jax.default_backend() == "cpu" and len(devices or jax.local_devices()) == 1
-    with ThreadPoolExecutor(cpu_threads() if one_cpu else 1) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         parts += list(pool.map(blocks, starts))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | None:
-    """`measure` of a program config as a stored exported program (`_programs`), where
+    """`measure` of a sweep's config as a stored exported program (`_programs`), where
     the compile cache is on and `measure` is one program with no arithmetic after it (a
     flow reduced block by block in the engine's batched loop): exported whole, it computes
     the same bits. None otherwise (descent, and flows that restart for their hitting
     times, compute their rates and times after their solve: fused into one exported
-    program those round differently in the last bit). Decided once per program config,
-    from the first block's `model`."""
+    program those round differently in the last bit).
+
+    The program is traced with the solver and clock decided here on the concrete
+    `objective` (`solve._flow.decided`): traced, the objective's curvature is unknown and `flow`'s
+    default would take the stiff method. Decided once per config (data settings
+    included: the curvature depends on them), from the first block's `model`."""
     folder = programs_dir()
     if folder is None or config.method != "flow" or config.model != "value":
         return None  # (model prompt measures its token selection on the host: not one program)
     key = (config, folder)
     if key not in _EXPORTABLE:
-        _EXPORTABLE[key] = crosses_in_loop(model, objective, config.solve_options())
-    return _stored(config, folder) if _EXPORTABLE[key] else None
+        options = decided(model, objective, config.solve_options())
+        in_loop = crosses_in_loop(model, objective, options)
+        _EXPORTABLE[key] = (options.solver, options.clock) if in_loop else None
+    method = _EXPORTABLE[key]
+    return None if method is None else _stored(_program(config), method, folder)
 
 
-#: (program config, programs folder) -> whether its `measure` is stored (`_stored_measure`).
+#: (config, programs folder) -> the (solver, clock) its stored `measure` is traced
+#: with, or None where `measure` is not stored (`_stored_measure`).
 _EXPORTABLE: dict = {}
 
 
+def _options(config: SweepConfig, method: tuple | None):
+    """The config's flow options, with `method` (solver, clock) in place of its own."""
+    options = config.solve_options()
+    if method is None:
+        return options
+    solver, clock = method
+    return dataclasses.replace(options, solver=solver, clock=clock)
+
+
 @functools.lru_cache(maxsize=16)
-def _stored(config: SweepConfig, folder: Path) -> StoredProgram:
-    return StoredProgram(lambda m, o: measure(config, m, o), "runs._sweep.measure", config.to_dict(), folder)
+def _stored(config: SweepConfig, method: tuple, folder: Path) -> StoredProgram:
+    settings = {**config.to_dict(), "decided": [type(method[0]).__name__, method[1]]}
+    fn = lambda m, o: measure(config, m, o, method=method)
+    return StoredProgram(fn, "runs._sweep.measure", settings, folder)
+
+
+def piece_size(config: SweepConfig, n_devices: int = 1) -> int:
+    """How many initializations a run of blocks of `config` holds (see `run_chunk`)."""
+    config = config.resolved()
+    at_once = AT_ONCE_CPU if jax.default_backend() == "cpu" else config.block_size * n_devices
+    return _round_up(min(at_once, config.chunk_size, config.inits), config.block_size)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import polarize as pz
 from polarize.runs._programs import StoredProgram
@@ -88,17 +89,36 @@ def test_a_program_that_cannot_be_exported_runs_traced_and_is_remembered(tmp_pat
     assert again.events == ["not exportable"] and not list(tmp_path.glob("*.bin"))
 
 
-def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(tmp_path, monkeypatch):
+SQUARE = dict(objective="square", samples=8, kappa=5.0, v_scale=1e-5, a_scale=1e-3)
+
+
+@pytest.mark.parametrize(
+    "settings, clock",
+    [
+        ({}, "log"),
+        # flow's default for square loss reads the objective's curvature (Tsit5 on the
+        # linear clock at this horizon): the stored program is traced with that choice,
+        # not with the stiff method a traced objective would get
+        (SQUARE, "linear"),
+    ],
+    ids=["logistic", "square"],
+)
+def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
+    tmp_path, monkeypatch, settings, clock
+):
     # a first run exports the program, a later one (nothing in memory) loads it; both
     # store exactly what a sweep that traces its program stores
     from polarize.runs import _sweep
 
-    config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=200.0, n_save=16)
-    monkeypatch.setattr(_sweep, "programs_dir", lambda: tmp_path / "programs")
+    config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=200.0, n_save=16, **settings)
+    folder = tmp_path / "programs"
+    monkeypatch.setattr(_sweep, "programs_dir", lambda: folder)
     _sweep._stored.cache_clear()
     for name in ("exported", "loaded"):
         pz.run_sweep(config, tmp_path / name)
-        (program,) = [_sweep._stored(_sweep._program(config.resolved()), tmp_path / "programs")]
+        solver, decided_clock = _sweep._EXPORTABLE[(config.resolved(), folder)]
+        assert type(solver).__name__ == "Tsit5" and decided_clock == clock
+        program = _sweep._stored(_sweep._program(config.resolved()), (solver, decided_clock), folder)
         assert program.events == [name]
         _sweep._stored.cache_clear()  # as in a new process
     monkeypatch.setattr(_sweep, "programs_dir", lambda: None)
