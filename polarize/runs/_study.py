@@ -32,18 +32,23 @@ study's summary.json; the other cells go on.
 
 import dataclasses
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+from tqdm import tqdm
 
+from ..core._batching import cpu_threads
 from ..core._errors import PolarizeError
+from ..figures._pyplot import pyplot
 from ..figures._study import plot_study as draw_study
 from ..solve._devices import barrier
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
 from ._study_file import Study
-from ._sweep import run_sweep
+from ._sweep import piece_size, run_sweep
 
 
 def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool = False) -> dict:
@@ -69,23 +74,22 @@ def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool =
 
 
 def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -> dict:
-    failed = {}
+    if jax.process_index() == 0:  # the figure's matplotlib (~0.4 s) loads while the cells run
+        threading.Thread(target=pyplot).start()
+    errors, todo = {}, []
     for name, config in study.cells():
         if isinstance(config, PolarizeError):
-            failed[name] = f"invalid setting: {config}"
+            errors[name] = f"invalid setting: {config}"
             continue
         cell = out / "cells" / name
         if not ((cell / "summary.json").exists() and stored_config(cell) == resumed_config(config, cell)):
-            try:
-                resume = (cell / "config.json").exists()
-                run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures)
-            except PolarizeError as e:
-                failed[name] = str(e)
-                continue
-            finally:
-                barrier(f"polarize-study-{name}")
-        summary = read_json(cell / "summary.json")
-        if failed_too_many(summary):
+            todo.append((name, config, cell))
+    errors |= _run_todo(todo, progress=progress, cell_figures=cell_figures)
+    failed = {}
+    for name, _ in study.settings():  # in the study's order
+        if name in errors:
+            failed[name] = errors[name]
+        elif failed_too_many(summary := read_json(out / "cells" / name / "summary.json")):
             failed[name] = failure_line(summary)
     result = {"cells": len(study.settings()), "failed_cells": failed}
     if jax.process_index() == 0:
@@ -93,6 +97,60 @@ def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -
         write_table(study, out, failed)
         plot_study(study, out)
     return result
+
+
+def _run_cell(name: str, config, cell: Path, *, progress: bool, cell_figures: bool) -> str | None:
+    """Run (or resume) one cell's sweep: None, or why it failed."""
+    try:
+        resume = (cell / "config.json").exists()
+        run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures)
+    except PolarizeError as e:
+        return str(e)
+    finally:
+        barrier(f"polarize-study-{name}")
+    return None
+
+
+def side_by_side(configs: list) -> int:
+    """How many cells run at once: `cpu_threads()` where each of `configs` is one run of
+    blocks (it would leave the other threads idle: see `_sweep.run_chunk`) and this is
+    the only process; else 1. Each cell computes what it computes alone, so the numbers
+    do not change."""
+    threads = cpu_threads()
+    if threads == 1 or jax.process_count() > 1 or jax.default_backend() != "cpu":
+        return 1
+    return threads if all(c.resolved().inits <= piece_size(c) for c in configs) else 1
+
+
+def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
+    """{name: why} of the cells of `todo` ([(name, config, folder)]) that failed.
+
+    Cells side by side (`side_by_side`) show one progress bar over cells; the first cell
+    runs alone, as it compiles (or loads) the program the others share."""
+    at_once = side_by_side([config for _, config, _ in todo])
+    if at_once == 1 or len(todo) < 2:
+        run = lambda item: _run_cell(*item, progress=progress, cell_figures=cell_figures)
+        return {item[0]: why for item in todo if (why := run(item)) is not None}
+    bar = tqdm(total=len(todo), unit="cell", desc="study") if progress else None
+    run = lambda item: _run_cell(*item, progress=False, cell_figures=cell_figures)
+    errors = {}
+
+    def done(item, why):
+        if why is not None:
+            errors[item[0]] = why
+        if bar is not None:
+            bar.update(1)
+
+    done(todo[0], run(todo[0]))
+    pool = ThreadPoolExecutor(at_once)
+    try:
+        for item, why in zip(todo[1:], pool.map(run, todo[1:]), strict=True):
+            done(item, why)
+    finally:  # interrupted: the cells running finish (their chunks are on disk), no new one starts
+        pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+    return errors
 
 
 def plot_study(study: Study, out: Path) -> Path:

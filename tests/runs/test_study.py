@@ -105,6 +105,45 @@ def test_a_failing_cell_is_reported_and_the_others_go_on(tmp_path, capsys):
     assert plt.imread(out / "comparison.png").shape[1] == 3 * 6 * 120
 
 
+def test_cells_side_by_side_compute_what_each_computes_alone(tmp_path, monkeypatch, capsys):
+    """On two threads, cells that are one run of blocks each go two at a time (the first
+    alone); every cell stores the numbers it stores alone, and failures are reported as
+    they are one at a time."""
+    from polarize.runs import _study
+
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    monkeypatch.setenv("POLARIZE_THREADS", "1")
+    assert main(["study", str(spec), "--out", str(tmp_path / "alone"), "--no-progress"]) == 0
+    monkeypatch.setenv("POLARIZE_THREADS", "2")
+    at_once = []
+    side_by_side = _study.side_by_side
+    monkeypatch.setattr(
+        _study, "side_by_side", lambda configs: at_once.append(side_by_side(configs)) or at_once[-1]
+    )
+    assert main(["study", str(spec), "--out", str(tmp_path / "side"), "--no-progress"]) == 0
+    assert at_once == [2]
+    cells = sorted(p.name for p in (tmp_path / "alone" / "cells").iterdir())
+    assert len(cells) == 4 and cells == sorted(p.name for p in (tmp_path / "side" / "cells").iterdir())
+    for cell in cells:
+        alone = np.load(tmp_path / "alone" / "cells" / cell / "per_init.npz")
+        side = np.load(tmp_path / "side" / "cells" / cell / "per_init.npz")
+        assert sorted(alone.files) == sorted(side.files)
+        for key in alone.files:
+            np.testing.assert_array_equal(side[key], alone[key], err_msg=f"{cell}: {key}")
+    capsys.readouterr()
+    failing = tmp_path / "failing.toml"
+    grid = FAILING.replace("[grid]", '[grid]\nobjective = ["cross-entropy"]\nmax_steps = [30]')
+    failing.write_text(grid.replace("[base]", '[base]\nsolver = "tsit5"'))
+    assert main(["study", str(failing), "--out", str(tmp_path / "failing"), "--no-progress"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("3 of 4 cells failed: ")
+    table = pd.read_csv(tmp_path / "failing" / "study.csv")
+    assert list(table["status"]) == ["failed", "failed", "ok", "failed"]
+    # a cell of more than one run of blocks already keeps both threads busy: one at a time
+    big = pz.SweepConfig(inits=5000)
+    assert side_by_side([pz.SweepConfig(inits=200), big]) == 1 and side_by_side([pz.SweepConfig()]) == 2
+
+
 def test_the_survival_curve_is_the_fraction_reached_by_t():
     from polarize.figures._study import hitting_statistics, reached_by
 
