@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core._choices import PER_INIT, PROMPT_PER_INIT
 from ..measure._statistics import quantile
-from ._pyplot import pyplot
+from ._pyplot import fixed_layout, log_scale, pyplot
 from ._sweep import empty_figure, one_hot_fraction
 
 #: Grid keys that count as replication (pooled in figures).
@@ -115,7 +115,7 @@ def _survival(ax, study, runs, y):
     for color, (key, v) in zip(colors, sorted(values.items()), strict=False):
         label = ", ".join(f"{k}={value}" for k, value in zip(keys, key, strict=True))
         ax.plot(ts, reached_by(v, ts), color=color, label=label or "all cells")
-    ax.set_xscale("log")
+    log_scale(ax, "x", minor=True)  # from the earliest crossing: a few decades
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("t" if runs[0][1].config.method == "flow" else "t = step x lr")
     ax.set_ylabel(f"fraction of inits with {_label(y)} <= t")
@@ -127,7 +127,8 @@ def _against_x(study, runs, plt):
     others = [k for k in study.grid if k not in (study.x, *REPLICATES)]
     survival = hitting_statistics(study.y)
     panels = len(study.y) + len(survival)
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), constrained_layout=True)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
+    fixed_layout(fig)
     axes = np.atleast_1d(axes)
     for ax, y in zip(axes[len(study.y) :], survival, strict=True):
         _survival(ax, study, runs, y)
@@ -153,7 +154,7 @@ def _against_x(study, runs, plt):
         ax.set_ylabel(_label(y) + band)
         drawn = np.concatenate(drawn)
         if _logarithmic(y) and drawn.size and (drawn > 0).all():
-            ax.set_yscale("log")
+            log_scale(ax, "y", minor=True)
         if not drawn.size:
             ax.text(0.5, 0.5, "median not reached in any cell", transform=ax.transAxes, ha="center")
         elif notes:
@@ -169,7 +170,8 @@ def _heatmaps(study, runs, varied, plt):
     kx, ky = varied
     xs, ys = study.grid[kx], study.grid[ky]
     cells = _groups(study, runs, [kx, ky])
-    fig, axes = plt.subplots(1, len(study.y), figsize=(6 * len(study.y), 4.5), constrained_layout=True)
+    fig, axes = plt.subplots(1, len(study.y), figsize=(6 * len(study.y), 4.5))
+    fixed_layout(fig, gap=1.4)  # each panel's colorbar takes its room from its panel
     for ax, y in zip(np.atleast_1d(axes), study.y, strict=True):
         grid = np.full((len(ys), len(xs)), np.nan)
         for (vx, vy), group in cells.items():
@@ -191,7 +193,8 @@ def _heatmaps(study, runs, varied, plt):
 
 
 def _against_time(study, runs, plt):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fixed_layout(fig)
     for name, run in runs:
         arrays, config = run.arrays, run.config
         ts, frac = one_hot_fraction(arrays, config.threshold)
@@ -204,7 +207,7 @@ def _against_time(study, runs, plt):
     for ax, label in zip(
         axes, ["median max weight", "one-hot fraction (max weight >= threshold)"], strict=True
     ):
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel(unit)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core._batching import cpu_threads
-from ._pyplot import pyplot
+from ._pyplot import log_scale, pyplot
 
 #: Fixed margins (inches' fractions) that fit the axis labels: measured, constrained
 #: layout took 0.6 s of each figure's 0.9 s on a 2-core CPU.
@@ -65,7 +65,7 @@ def plot_bands(arrays: dict, config, path: Path, *, title: str | None = None) ->
         ax.fill_between(ts[keep], lo[keep], hi[keep], alpha=0.3, label="10-90% of inits")
         ax.plot(ts[keep], mid[keep], lw=2, label="median")
         ax.axhline(ref, color="gray", ls=":", label=ref_label)
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel(unit)
         ax.set_ylabel(label)
         if ylim:
@@ -140,7 +140,7 @@ def plot_one_hot_fraction(arrays: dict, config, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     fig.subplots_adjust(**MARGINS)
     ax.plot(ts[keep], frac[keep], marker=".")
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel(_time_label(config))
     ax.set_ylabel(f"fraction with max weight >= {config.threshold:g}")
@@ -192,8 +192,8 @@ def plot_svm_alignment(arrays: dict, config, path: Path) -> Path:
     lo, mid, hi = bands(gap, use)
     ax.fill_between(ts[keep], lo[keep], hi[keep], alpha=0.3, label="10-90% of inits")
     ax.plot(ts[keep], mid[keep], lw=2, label="median")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    log_scale(ax, "x")
+    log_scale(ax, "y", minor=True)
     ax.set_xlabel(_time_label(config))
     ax.set_ylabel("1 - cos(p, p_mm of the selection)")
     ax.set_title(f"alignment with the attention SVM, {use.sum()} inits")
