@@ -12,13 +12,14 @@ constraints are inconsistent. `scipy.optimize.nnls` (an active-set method that e
 finitely many steps) solves it to machine precision with no tolerance to tune, and the
 vanishing residual tells infeasibility apart from a large margin without a solver status
 to interpret. These run on the host with numpy and scipy, outside `jax.jit`: a batch of
-selections is a batch of small programs, solved in a loop.
+selections is a batch of small programs, solved in a loop. scipy.optimize is imported
+on the first solve (the one deliberate lazy import here): it takes about 0.35 s, and a
+sweep of value attention, whose modules import this one, never solves an SVM.
 """
 
 from typing import NamedTuple
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ..core._errors import PolarizeError
 
@@ -44,6 +45,8 @@ def least_distance(G: np.ndarray, h: np.ndarray) -> np.ndarray | None:
     E = np.vstack([G.T, h[None, :]])
     f = np.zeros(d + 1)
     f[-1] = 1.0
+    from scipy.optimize import nnls
+
     u, _ = nnls(E, f, maxiter=50 * E.shape[1])
     r = E @ u - f
     if not r[-1] < -1.0 / (1.0 + MAX_NORM**2):
