@@ -201,6 +201,29 @@ def test_default_method_and_override():
     assert np.all(np.asarray(traj.status) == status.MAX_STEPS)
 
 
+def test_the_default_is_decided_on_the_concrete_objective_not_on_a_traced_one():
+    """`decided` writes the default's choice into the options from the concrete objective's
+    curvature; traced (a program taking the objective as an argument) the curvature is
+    unknown and the default takes the stiff method at any horizon."""
+    from polarize.solve._flow import decided
+    from polarize.solve._options import SolveOptions
+
+    model, ce = model_and_objective("cross-entropy", "softmax")
+    long = stiff.STIFF_HORIZON / float(ce.curvature())
+    short = decided(model, ce, SolveOptions(t1=0.5 * long))
+    assert isinstance(short.solver, diffrax.Tsit5) and short.clock == "linear"
+    assert isinstance(decided(model, ce, SolveOptions(t1=2 * long)).solver, stiff.Rosenbrock)
+    toy = decided(model, pz.random_direction(0, SIZE), SolveOptions(t1=1e5))
+    assert isinstance(toy.solver, diffrax.Tsit5) and toy.clock == "log"
+    # the same question asked of a traced objective: the stiff method
+    picked = []
+    jax.make_jaxpr(lambda o: picked.append(decided(model, o, SolveOptions(t1=0.5 * long)).solver) or 0.0)(ce)
+    assert isinstance(picked[0], stiff.Rosenbrock)
+    # given, the solver and clock are kept
+    given = decided(model, ce, SolveOptions(t1=2 * long, solver=diffrax.Dopri5(), clock="log"))
+    assert isinstance(given.solver, diffrax.Dopri5) and given.clock == "log"
+
+
 def test_unfinished_init_is_reported_not_averaged():
     """With max_steps just below the slowest init's steps, that init fails with MAX_STEPS and
     is left out of the summary; the inits that finish are bit-identical to the unconstrained run.
