@@ -4,12 +4,13 @@ the two things every figure here does to stay cheap to draw.
 `import polarize` and the CLI's parsing do not pay for matplotlib (about 0.4 s); a sweep
 or a study starts loading it in a thread while its solver runs (`polarize.runs`).
 
-Measured on a 2-core CPU (benchmarks/NOTES.md, "Drawing the figures"): a layout engine
-(constrained or tight) took half of a figure's time, finding where the labels fit; the
-ticks of logarithmic axes (a few artists each, minor ticks in every decade) were most
-of the rest, and matplotlib labels their decades in mathtext ($10^{-3}$), parsed at
-every draw. Figures here lay out on fixed margins in inches (`fixed_layout`), and
-logarithmic time axes draw their decades only, labelled in plain text (`log_scale`).
+Measured on a 2-core CPU (benchmarks/NOTES.md, "Warm studies, figures and imports"):
+a layout engine (constrained or tight) took half of a figure's time, finding where the
+labels fit; the ticks of logarithmic axes (a few artists each, minor ticks in every
+decade) were most of the rest, and matplotlib labels their decades in mathtext
+($10^{-3}$), parsed at every draw. Figures here lay out on fixed margins in inches
+(`fixed_layout`), and logarithmic time axes draw their decades only, labelled in plain
+text (`log_scale`).
 """
 
 import math
@@ -31,7 +32,7 @@ def pyplot():
 
 
 def decade_label(value: float, _position=None) -> str:
-    """ "10⁻³" for a power of ten, "" otherwise (the tick labels of a logarithmic axis)."""
+    """The tick label of a logarithmic axis: "10⁻³" for a power of ten, "" otherwise."""
     if not value > 0:
         return ""
     exponent = math.log10(value)
