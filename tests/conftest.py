@@ -11,3 +11,16 @@ os.environ.setdefault("POLARIZE_NO_CACHE", "1")
 # their chunks in one thread here (tests/solve/test_fastpaths.py checks the threaded path
 # against this one bit for bit).
 os.environ.setdefault("POLARIZE_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from polarize.solve._devices import release_programs_if_crowded  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _programs_released_when_crowded():
+    # one worker compiles thousands of programs; JAX keeps them all, and near the kernel's
+    # limit of memory maps XLA's next compile segfaults (flows and descents check this
+    # themselves; this covers the tests that run neither)
+    yield
+    release_programs_if_crowded()

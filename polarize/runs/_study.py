@@ -43,7 +43,7 @@ from ..core._batching import cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
 from ..figures._study import plot_study as draw_study
-from ..solve._devices import barrier
+from ..solve._devices import barrier, release_programs_if_crowded
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
@@ -144,8 +144,11 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
     done(todo[0], run(todo[0]))
     pool = ThreadPoolExecutor(at_once)
     try:
-        for item, why in zip(todo[1:], pool.map(run, todo[1:]), strict=True):
-            done(item, why)
+        for k in range(1, len(todo), at_once):  # in rounds: the main thread may free programs between
+            release_programs_if_crowded()
+            group = todo[k : k + at_once]
+            for item, why in zip(group, pool.map(run, group), strict=True):
+                done(item, why)
     finally:  # interrupted: the cells running finish (their chunks are on disk), no new one starts
         pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:

@@ -27,6 +27,7 @@ from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, all_finite, observe
 from ..core.fields import Path, prepare
+from ._devices import release_programs_if_crowded
 from ._options import Targets
 
 
@@ -93,6 +94,7 @@ def descend(
     if lr is not None:
         check_positive("lr", lr)
     block_size = ensembles.block_size_or_default(block_size)
+    release_programs_if_crowded(model, objective)
     model, objective, field = prepare(model, objective, path=path, precision=precision, euclidean=not plain)
     if save_at is None:
         marks = save_steps(steps, check_positive("n_save", n_save, integer=True))

@@ -10,10 +10,13 @@
   (`multihost_utils.sync_global_devices`) lets process 0 assemble the results.
 - Compilation cache: the CLI keeps compiled programs in a persistent cache
   (`cache_dir()`), so repeated calls skip recompilation.
+- Compiled programs in memory: `release_programs_if_crowded` drops JAX's in-memory
+  programs before a process runs out of memory maps (Linux's per-process limit).
 """
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 import equinox as eqx
@@ -148,3 +151,45 @@ def enable_compilation_cache() -> Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def mapped_regions() -> int | None:
+    """How many memory regions this process has mapped (the lines of /proc/self/maps);
+    None where the system does not say (not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def map_limit() -> int:
+    """The kernel's limit of mapped regions per process (vm.max_map_count; 65530 if unread)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+def release_programs_if_crowded(*args, fraction: float = 0.75, limit: int | None = None) -> bool:
+    """`jax.clear_caches()` once this process has mapped `fraction` of `limit` (default
+    `map_limit()`) memory regions; True if it did.
+
+    XLA's CPU code takes a few mapped regions per compiled program, and JAX keeps every
+    program it compiled alive in its caches: a flow and its summary at a new shape add
+    about 700. At Linux's default limit of 65530 the next compile dies with a
+    segmentation fault (about 90 shapes in one process; the test suite in one worker
+    got there). Past the mark the programs are dropped and compile again (or load from
+    the persistent cache) when next used. Done only on the main thread and never while
+    tracing (when a leaf of `args` is a tracer), where clearing could pull a program
+    from under a caller.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+        return False
+    regions = mapped_regions()
+    if regions is None or regions < fraction * (map_limit() if limit is None else limit):
+        return False
+    jax.clear_caches()
+    return True

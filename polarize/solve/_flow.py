@@ -34,6 +34,7 @@ from ..core._refuse import refuse_if, shown
 from ..core._trajectory import Trajectory, all_finite
 from ..core.fields import AbstractField, Modified, Path, prepare
 from . import _stiff as stiff
+from ._devices import release_programs_if_crowded
 from ._engine import batches, integrate
 from ._options import Clock, SolveOptions
 
@@ -197,6 +198,7 @@ def crosses_in_loop(model, objective, options: SolveOptions) -> bool:
 
 def _solve(model, objective, field, options: SolveOptions, reduce):
     """One integration of resolved `options`: (trajectory, crossing times or None)."""
+    release_programs_if_crowded(model, objective, options)
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model = with_params(model, [p[None] for p in params(model)])
