@@ -8,7 +8,8 @@ Reproducibility: XLA's vectorized code can round differently for different array
 shapes (softmax of a batch of 10 and of 1000 differ in the last bit). So the batch
 is always cut into blocks of exactly `block_size` initializations (the last one
 overlapping the one before it, or padded when there is only one), vmapped inside a
-block and mapped sequentially over blocks. Every
+block and mapped sequentially over blocks; a lone block runs as the pass of a loop
+too, one XLA cannot inline (inlined, the block was compiled otherwise). Every
 initialization then runs the same compiled program whatever the batch size,
 chunking or device count, and its numbers are identical bit for bit. Larger
 blocks suit accelerators; on CPU a few hundred also keeps lockstep waste of
@@ -143,29 +144,57 @@ def block_map(fn, tree, *, block_size: int | None = None):
     into the full arrays in place, the last block ending at the last initialization
     (overlapping the one before it, whose results it recomputes identically): no padded
     copy of the inputs and no trimmed copy of the outputs, which for many saved times
-    are most of the memory a solve touches.
+    are most of the memory a solve touches. With one block or fewer inits, the inputs
+    are padded to one row more than a block and read the same way (`_one_block`).
     """
     n = jax.tree.leaves(tree)[0].shape[0]
     size = block_size_or_default(block_size)
-    n_blocks = -(-n // size)
-    if n < size:  # one padded block
-
-        def to_block(x):
-            return jnp.concatenate([x, jnp.repeat(x[:1], size - n, axis=0)])
-
-        return jax.tree.map(lambda x: x[:n], fn(jax.tree.map(to_block, tree)))
+    one_block = n <= size
+    if one_block:  # padded to one row more than a block, then read and written as any block
+        tree = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], size + 1 - n, axis=0)]), tree)
+    rows = jax.tree.leaves(tree)[0].shape[0]
     block = lambda start: jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
     # traced once, for the output shapes and the loop body both (a solver's block program
     # took ~0.6 s to trace, and was traced twice)
     traced = eqx.filter_closure_convert(fn, block(0))
-    outs = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), traced.out_struct)
+    outs = jax.tree.map(lambda s: jnp.zeros((rows,) + s.shape[1:], s.dtype), traced.out_struct)
+
+    if one_block:
+        return jax.tree.map(lambda x: x[:n], _one_block(traced, tree, outs, size=size))
+    return jax.lax.fori_loop(0, -(-n // size), _block_pass(traced, tree, size), outs)
+
+
+def _block_pass(traced, tree, size):
+    """The loop body of `block_map`: block i of `tree` through `traced`, written into the outputs."""
+    rows = jax.tree.leaves(tree)[0].shape[0]
 
     def one(i, outs):
-        start = jnp.minimum(i * size, n - size)
+        start = jnp.minimum(i * size, rows - size)
+        block = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
         put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, start, axis=0)
-        return jax.tree.map(put, outs, traced(block(start)))
+        return jax.tree.map(put, outs, traced(block))
 
-    return jax.lax.fori_loop(0, n_blocks, one, outs)
+    return one
+
+
+@eqx.filter_custom_jvp
+def _one_block(traced, tree, outs, *, size):
+    """`block_map`'s loop for one block, as one pass of a loop whose trip count XLA does not
+    see. A loop of one known pass is inlined, and XLA then compiled the block differently
+    from a block of a longer loop (a square loss's products went to another library and
+    rounded differently): a run of 128 inits differed from the first 128 of 256."""
+    trips = jax.lax.optimization_barrier(jnp.int32(1))
+    one = _block_pass(traced, tree, size)
+    step = lambda c: (c[0] + 1, one(c[0], c[1]))
+    return jax.lax.while_loop(lambda c: c[0] < trips, step, (jnp.int32(0), outs))[1]
+
+
+@_one_block.def_jvp
+def _one_block_jvp(primals, tangents, *, size):
+    # differentiated: the loop of one known pass (forward and reverse mode both), whose
+    # numbers may differ from the undifferentiated ones in the last bits
+    loop = lambda traced, tree, outs: jax.lax.fori_loop(0, 1, _block_pass(traced, tree, size), outs)
+    return eqx.filter_jvp(loop, primals, tangents)
 
 
 def over_inits(fn, model, objective, *args, per_init=None, block_size: int | None = None):

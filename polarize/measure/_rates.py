@@ -1,8 +1,11 @@
 """The asymptotic rate of polarization under a logistic loss: 1 - max s ~ C / (log t)^2."""
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
+
+from ..core._batching import blockwise
 
 
 def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array]:
@@ -32,10 +35,26 @@ def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array
     if t1 < 100 or window.sum() < 2:
         nan = jnp.full(mw.shape[:-1], jnp.nan, dtype=mw.dtype)
         return {"rate_C": nan, "rate_drift": nan}
-    gap = 1.0 - mw[..., np.flatnonzero(window)]
-    product = gap * jnp.broadcast_to(np.log(ts[window]) ** 2, gap.shape)
-    valid = jnp.all(jnp.isfinite(product) & (product > 0), axis=-1)
-    safe = jnp.where(valid[..., None], product, 1.0)
-    C = jnp.exp(jnp.mean(jnp.log(safe), axis=-1))
-    drift = safe[..., -1] / safe[..., 0] - 1
+    at, log_squared = jnp.asarray(np.flatnonzero(window)), jnp.asarray(np.log(ts[window]) ** 2)
+    if mw.ndim == 1:  # one initialization (as inside a sweep's per-init reduction)
+        return _rate_of_one(mw, at, log_squared)
+    return _rate_by_block(mw.reshape(-1, mw.shape[-1]), at, log_squared, mw.shape[:-1])
+
+
+@eqx.filter_jit
+def _rate_by_block(max_weight, at, log_squared, shape):
+    # per initialization in the fixed-block program, so a rate never depends on which
+    # other initializations shared the batch (see `polarize.core._batching`)
+    out = blockwise(lambda mw: _rate_of_one(mw, at, log_squared), max_weight)
+    return {k: v.reshape(shape) for k, v in out.items()}
+
+
+def _rate_of_one(max_weight, at, log_squared) -> dict[str, Array]:
+    """`logistic_rate` of one initialization's (times,) max weights, the decade's saved
+    times at indices `at`, their (log t)^2 `log_squared`."""
+    product = (1.0 - max_weight[at]) * log_squared
+    valid = jnp.all(jnp.isfinite(product) & (product > 0))
+    safe = jnp.where(valid, product, 1.0)
+    C = jnp.exp(jnp.mean(jnp.log(safe)))
+    drift = safe[-1] / safe[0] - 1
     return {"rate_C": jnp.where(valid, C, jnp.nan), "rate_drift": jnp.where(valid, drift, jnp.nan)}
