@@ -155,10 +155,10 @@ def as_key(key: PRNGKeyArray | int) -> PRNGKeyArray:
 def init_keys(key: PRNGKeyArray | int, n: int, start: int = 0) -> PRNGKeyArray:
     """The keys of initializations start, ..., start + n - 1: key_i = fold_in(key, i)."""
     n = check_positive("n", n, integer=True)
-    return _keys(as_key(key), _first_index(start, n), n)
+    return _keys(as_key(key), first_index(start, n), n)
 
 
-def _first_index(start, n: int) -> Array:
+def first_index(start, n: int) -> Array:
     """`start` checked (initialization indices are 32-bit: start + n <= 2^32), as uint32."""
     if not isinstance(start, int | np.integer) or not 0 <= start <= 2**32 - n:
         raise PolarizeError(f"`start` must be an integer in [0, 2^32 - n] (n = {n}); got {start!r}")
@@ -192,18 +192,39 @@ def init_ensemble(
     n = check_positive("n", n, integer=True)
     tokens = check_positive("tokens", tokens, integer=True)
     dim = check_positive("dim", dim, integer=True)
+    dtype = jnp.dtype(dtype or jnp.result_type(float))
+    start = first_index(start, n)  # traced: one compiled draw for every chunk
+    V, a = standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
+    return scaled_ensemble(V, a, v_scale=v_scale, a_scale=a_scale, a_offset=a_offset, norm=norm)
+
+
+def scaled_ensemble(V, a, *, v_scale: float, a_scale: float, a_offset: float, norm) -> ValueAttention:
+    """`init_ensemble` from its standard normal draws (`standard_normals`): V = v_scale V,
+    a = a_offset + a_scale a."""
     for name, value in (("v_scale", v_scale), ("a_scale", a_scale), ("a_offset", a_offset)):
         if not np.isfinite(value):
             raise PolarizeError(f"`{name}` must be finite; got {value!r}")
-    dtype = jnp.dtype(dtype or jnp.result_type(float))
-    start = _first_index(start, n)  # traced: one compiled draw for every chunk
-    V, a = _standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
     # scaled op by op, outside the draw's program: fused there, XLA rounds a + s x differently
-    return ValueAttention(v_scale * V, a_offset + a_scale * a, normalization(norm))
+    V, a = _scaled(V, v_scale), _scaled(_scaled(a, a_scale), a_offset, add=True)
+    return ValueAttention(V, a, normalization(norm))
+
+
+def _scaled(x, s: float, *, add: bool = False):
+    """s x (s + x with `add`), one correctly rounded operation per element: in numpy where
+    `x` is a float32 or float64 array in host memory (the same bits as XLA's, without a
+    program to compile and load: a fresh process paid ~25 ms for each), else in JAX."""
+    if jnp.dtype(x.dtype) in (jnp.float32, jnp.float64) and _on_cpu(x):
+        host = np.asarray(x)
+        return jnp.asarray(host + host.dtype.type(s) if add else host * host.dtype.type(s))
+    return s + x if add else s * x
+
+
+def _on_cpu(x) -> bool:
+    return not isinstance(x, jax.core.Tracer) and all(d.platform == "cpu" for d in x.devices())
 
 
 @functools.partial(jax.jit, static_argnames=("n", "shape", "dtype"))
-def _standard_normals(key, start, *, n, shape, dtype):
+def standard_normals(key, start, *, n, shape, dtype):
     """The N(0, 1) draws of initializations start .. start + n - 1, as one program (drawn
     op by op they cost ~5 ms per 1024 initializations)."""
 

@@ -96,7 +96,7 @@ class LogisticDirection(AbstractObjective):
         if b.ndim not in (1, 2):
             raise PolarizeError(f"`b` must have shape (dim,) or (inits, dim); got {b.shape}")
         b = refuse_if(b, lambda b, xp: xp.all(b == 0, axis=-1), "`b` must be non-zero")
-        self.b = b / jnp.linalg.norm(b, axis=-1, keepdims=True)
+        self.b = _unit(b)
 
     def __call__(self, beta):
         return jax.nn.softplus(-jnp.dot(self.b, beta))
@@ -192,6 +192,12 @@ class CrossEntropy(AbstractObjective):
         """A bound on the largest Hessian eigenvalue of L in beta: sum(p) (diag(q) - q q^T) has
         eigenvalues at most sum(p) / 2 for any softmax q."""
         return 0.5 * jnp.max(jnp.sum(self.p, axis=-1))
+
+
+@jax.jit
+def _unit(b):
+    """b / |b| along the last axis, as one program (two op by op: ~25 ms more in a fresh process)."""
+    return b / jnp.linalg.norm(b, axis=-1, keepdims=True)
 
 
 def _check_data_shapes(X, y) -> None:

@@ -14,6 +14,12 @@ from ._errors import PolarizeError
 from ._refuse import refuse_if, shown
 
 
+def save_steps(steps: int, n_save: int = 64) -> np.ndarray:
+    """About n_save distinct step indices from 0 to steps, evenly spaced in log(1 + k)."""
+    raw = np.expm1(np.linspace(0.0, np.log1p(steps), n_save))
+    return np.unique(np.concatenate([[0], np.round(raw).astype(np.int64), [steps]]))
+
+
 def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
     """n_save times from t0 to t1, evenly spaced in log(1 + t) (t0 and t1 included)."""
     ts = np.expm1(np.linspace(np.log1p(t0), np.log1p(t1), n_save))

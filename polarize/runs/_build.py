@@ -8,24 +8,25 @@ config's in tests/runs/test_config.py).
 """
 
 import functools
+from pathlib import Path
 
-import diffrax
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from ..core._models import AbstractModel, as_key, init_ensemble
+from ..core._models import AbstractModel, first_index, init_ensemble, scaled_ensemble, standard_normals
 from ..core._normalizations import AbstractNormalization, normalization
 from ..core._objectives import (
     AbstractObjective,
+    LogisticDirection,
     conditioned_regression,
     peaked_distribution,
     random_direction,
     random_labels,
 )
 from ..core._prompt import LogisticLabels, SquareLabels, init_prompts, prompt_task
-from ..core._times import save_times
-from ..solve._descent import save_steps
-from ..solve._options import SolveOptions, Targets
+from ..core._times import save_steps, save_times
+from ._programs import StoredProgram, programs_dir
 
 #: objective name -> builder(key, config): the sweep's target, shared by every initialization.
 OBJECTIVES = {
@@ -36,8 +37,54 @@ OBJECTIVES = {
 }
 #: objective name of model prompt -> its label loss, built from the task's labels y.
 PROMPT_OBJECTIVES = {"logistic-data": LogisticLabels, "square": SquareLabels}
-#: solver name -> diffrax solver class (None: `flow`'s default).
-SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
+
+
+def stream(seed: int, i: int):
+    """fold_in(key(seed), i): the key of a sweep's data (i = 2) or of its initializations
+    (i = 1, each then folded in with its index)."""
+    return _stream(np.int64(seed), np.uint32(i))
+
+
+@jax.jit
+def _stream(seed, i):  # one program for every seed and stream (op by op: four, ~25 ms each)
+    return jax.random.fold_in(jax.random.key(seed), i)
+
+
+# -- the draws as stored programs ---------------------------------------------------------
+# Where the compilation cache is on (the CLI), a sweep's random draws run as stored
+# exported programs (`_programs`): lowering threefry and the normal draw was most of the
+# ~0.45 s a warm sweep spent building its model and objective. The same functions, so
+# the same bits as `init_ensemble` and `random_direction` (tests/runs/test_programs.py).
+
+
+def _normals(config, start: int, n: int) -> tuple:
+    """`init_ensemble`'s standard normals of initializations start .. start + n - 1."""
+    start = first_index(start, n)
+    return _normals_program(n, config.tokens, config.dim, str(jnp.result_type(float)), programs_dir())(
+        np.asarray(config.seed, np.int64), np.asarray(start, np.uint32)
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _normals_program(n: int, tokens: int, dim: int, dtype: str, folder: Path) -> StoredProgram:
+    def draw(seed, start):
+        return standard_normals(_stream(seed, np.uint32(1)), start, n=n, shape=(dim, tokens), dtype=dtype)
+
+    settings = {"n": n, "tokens": tokens, "dim": dim, "dtype": dtype}
+    return StoredProgram(lambda *_: draw, "runs._build.normals", settings, folder)
+
+
+def _direction(config) -> LogisticDirection:
+    """`OBJECTIVES["logistic"]`: `random_direction(stream(seed, 2), dim)`."""
+    return LogisticDirection(
+        _direction_program(config.dim, programs_dir())(np.asarray(config.seed, np.int64))
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _direction_program(dim: int, folder: Path) -> StoredProgram:
+    draw = lambda seed: jax.random.normal(_stream(seed, np.uint32(2)), (dim,))
+    return StoredProgram(lambda *_: draw, "runs._build.direction", {"dim": dim}, folder)
 
 
 def norm(config) -> AbstractNormalization:
@@ -48,7 +95,9 @@ def norm(config) -> AbstractNormalization:
 def objective(config) -> AbstractObjective:
     if config.model == "prompt":
         return PROMPT_OBJECTIVES[config.objective](prompt_data(config)[1])
-    return OBJECTIVES[config.objective](jax.random.fold_in(as_key(config.seed), 2), config)
+    if config.objective == "logistic" and programs_dir() is not None:
+        return _direction(config)
+    return OBJECTIVES[config.objective](stream(config.seed, 2), config)
 
 
 def prompt_data(config) -> tuple:
@@ -59,12 +108,7 @@ def prompt_data(config) -> tuple:
 @functools.lru_cache(maxsize=8)
 def _prompt_task(seed: int, samples: int, tokens: int, dim: int) -> tuple:
     # drawn once per process, not once per piece of initializations
-    return prompt_task(jax.random.fold_in(as_key(seed), 2), samples, tokens, dim)
-
-
-def solver(config) -> diffrax.AbstractSolver | None:
-    cls = SOLVERS[config.solver]
-    return None if cls is None else cls()
+    return prompt_task(stream(seed, 2), samples, tokens, dim)
 
 
 def model(config, start: int, stop: int) -> AbstractModel:
@@ -72,8 +116,12 @@ def model(config, start: int, stop: int) -> AbstractModel:
 
 
 def value_model(config, start: int, stop: int):
+    if programs_dir() is not None:
+        V, a = _normals(config, start, stop - start)
+        scales = dict(v_scale=config.v_scale, a_scale=config.a_scale, a_offset=config.a_offset)
+        return scaled_ensemble(V, a, **scales, norm=norm(config))
     return init_ensemble(
-        jax.random.fold_in(as_key(config.seed), 1),
+        stream(config.seed, 1),
         stop - start,
         tokens=config.tokens,
         dim=config.dim,
@@ -88,7 +136,7 @@ def value_model(config, start: int, stop: int):
 def prompt_model(config, start: int, stop: int):
     X, _, v = prompt_data(config)
     return init_prompts(
-        jax.random.fold_in(as_key(config.seed), 1),
+        stream(config.seed, 1),
         stop - start,
         X,
         v,
@@ -108,16 +156,3 @@ def times(config) -> np.ndarray:
     if config.method == "flow":
         return save_times(config.t1, config.n_save)
     return save_steps(config.steps, config.n_save) * config.lr
-
-
-def solve_options(config) -> SolveOptions:
-    return SolveOptions(
-        t1=config.t1,
-        n_save=config.n_save,
-        solver=solver(config),
-        rtol=config.rtol,
-        atol=config.atol,
-        max_steps=config.max_steps,
-        block_size=config.resolved().block_size,
-        targets=Targets.of(config.levels, config.loss_fraction),
-    )

@@ -4,7 +4,8 @@
 names is listed once (`MODELS`, `OBJECTIVES`, `SOLVERS`, `METHODS`, `TRAIN` here, the
 normalizations in `core._choices`); the CLI lists the same names, and
 `SweepConfig.build_objective()`, `.build_solver()`, `.build_model()` build the objects
-the runner uses (`_build`, the one place a setting turns into an object).
+the runner uses (`_build`, the one place a setting turns into an object; the solver
+and `SolveOptions` in `_numerics`, with what a sweep measures).
 
 Randomness: the target/data come from fold_in(key(seed), 2) and initialization i
 from fold_in(fold_in(key(seed), 1), i), so every number is a function of
@@ -12,8 +13,10 @@ from fold_in(fold_in(key(seed), 1), i), so every number is a function of
 
 This module imports no JAX: the CLI builds and validates a `SweepConfig` before JAX
 is loaded (`polarize --help` and every bad argument answer in a fraction of JAX's
-import time). The builders import the numerics on first use; the registries of
-builders are in `_build`, and hold exactly the names listed here.
+import time). The builders import the numerics on first use: `_build` (JAX), and
+`_numerics` (diffrax, optax) only for the solver and `SolveOptions`, so that a warm
+sweep that runs its stored program never loads those. The registries of builders are in
+`_build` and `_numerics`, and hold exactly the names listed here.
 """
 
 import dataclasses
@@ -192,7 +195,7 @@ class SweepConfig:
 
     def build_solver(self):
         """The diffrax solver, or None for `flow`'s default."""
-        return _builders().solver(self)
+        return _numerics().solver(self)
 
     def build_model(self, start: int, stop: int):
         """Initializations start .. stop - 1 (each from (seed, i) alone): a `ValueAttention`,
@@ -208,7 +211,13 @@ class SweepConfig:
     def solve_options(self):
         """The flow's settings of this sweep (its block size resolved): the one place a
         config turns into `SolveOptions`, with its hitting-time targets."""
-        return _builders().solve_options(self)
+        return _numerics().solve_options(self)
+
+    def program(self) -> "SweepConfig":
+        """This config (its block size resolved) with its `DATA_ONLY` settings at their
+        defaults: the key of the programs that solve and measure its pieces."""
+        defaults = SweepConfig()
+        return dataclasses.replace(self.resolved(), **{name: getattr(defaults, name) for name in DATA_ONLY})
 
     def horizon(self) -> float:
         return self.t1 if self.method == "flow" else self.steps * self.lr
@@ -247,6 +256,11 @@ _APPLIES = {
     **{name: (("model", ("value",)),) for name in ("a_scale", "a_offset")},
     **{name: (("model", ("prompt",)),) for name in ("train", "p_scale")},
 }
+#: Settings that only choose the numbers a sweep starts from (its initializations and
+#: data) or what is made of its results afterwards, never the program that solves and
+#: measures a piece: `SweepConfig.program` resets them, so that cells of a study that
+#: differ only in these (a grid over kappa, v_scale or seed) share one compiled program.
+DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "p_scale", "seed", "inits", "chunk_size", "threshold")
 #: Samples of model prompt where `samples` is None (the issue's probe: n = 4, T = 5, d = 6).
 PROMPT_SAMPLES = 4
 #: Settings added after sweeps were first stored, at the values every earlier sweep had:
@@ -256,8 +270,16 @@ LATER_SETTINGS = {"model": "value", "train": "p", "p_scale": 0.3}
 
 
 def _builders():
-    """The module that builds a config's objects (`_build`): imported on first use, the one
-    lazy import of this module (see the module doc)."""
+    """The module that builds a config's objects (`_build`): imported on first use (see
+    the module doc)."""
     from . import _build
 
     return _build
+
+
+def _numerics():
+    """The module of a config's solver and `SolveOptions` (`_numerics`: diffrax, optax),
+    imported on first use (see the module doc)."""
+    from . import _numerics
+
+    return _numerics

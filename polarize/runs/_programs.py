@@ -3,12 +3,12 @@
 XLA's persistent compilation cache skips the compile of a program a process has seen
 before, not its tracing: without this, every `polarize sweep` traced its solve again
 (about 2.5 s of a warm default sweep on a 2-core CPU, whose solve takes 0.2 s). Here
-the program that measures a run of blocks (`_sweep.measure` of a config, for arrays of
+the program that measures a run of blocks (`_numerics.measure` of a config, for arrays of
 given shapes) is exported once and stored; a later process deserializes it (a few ms)
 and calls it, and XLA's cache supplies the compiled code.
 
 An entry is keyed by everything the traced program depends on: the sweep's program
-settings (`_sweep._program`), the shapes, dtypes and tree structure of the inputs,
+settings (`SweepConfig.program`), the shapes, dtypes and tree structure of the inputs,
 their non-array parts, the backend, float64, the versions of jax and jaxlib, and a hash
 of polarize's own source files (so an edited checkout never reuses a program of the
 old code). Each entry is a `.json` file (that key material and the blob's sha256) and
@@ -60,32 +60,77 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-class StoredProgram:
-    """fn(model, objective) -> dict of arrays, run as a stored exported program.
+def stored_value(folder: Path, name: str, settings: dict, compute):
+    """`compute()` (a JSON value) stored in `folder` under `name` and `settings`, with the
+    key material of a program (backend, float64, jax and polarize versions): a later process
+    reads it back instead of computing it. A stale or unreadable entry is computed again
+    and overwritten, never used."""
+    material = json.loads(json.dumps(_environment(name, settings), sort_keys=True))
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+    path = Path(folder) / f"{key}.value.json"
+    try:
+        entry = json.loads(path.read_text())
+        if entry["material"] == material:
+            return entry["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # missing or unreadable: computed again
+    value = compute()
+    entry = json.dumps({"material": material, "value": value}, sort_keys=True).encode()
+    _atomic_write(path, lambda f: f.write(entry))
+    return value
 
-    `name` and `settings` (JSON-able) name what `fn` computes besides its arguments;
-    the key adds the arguments' structure, shapes and dtypes (see the module doc).
+
+def _environment(name: str, settings: dict) -> dict:
+    """What a stored entry depends on besides its arguments."""
+    return {
+        "format": FORMAT,
+        "name": name,
+        "settings": settings,
+        "backend": jax.default_backend(),
+        "x64": bool(jax.config.jax_enable_x64),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__,
+        "polarize": source_hash(),
+    }
+
+
+class StoredProgram:
+    """fn(*args) -> a tree of arrays (a sweep's `measure(model, objective)`, the draws of
+    its initializations), run as a stored exported program.
+
+    `make(*args)` returns `fn`, given the concrete arguments of a first call:
+    it is called only where no stored entry serves (to export `fn`, or to run it where it
+    cannot be exported), so a process that loads the program never builds it. `name`
+    and `settings` (JSON-able) name what `fn` computes besides its arguments; the key adds
+    the arguments' structure, shapes and dtypes (see the module doc).
     """
 
-    def __init__(self, fn, name: str, settings: dict, folder: Path):
-        self.fn, self.name, self.settings, self.folder = fn, name, settings, Path(folder)
+    def __init__(self, make, name: str, settings: dict, folder: Path):
+        self.make, self.name, self.settings, self.folder = make, name, settings, Path(folder)
         self._programs: dict = {}
+        self._made = None  # `make`'s fn, once made
         self._lock = threading.Lock()
         #: what the last calls did: "loaded", "exported" or "rebuilt (reason)", for tests
         self.events: list[str] = []
 
-    def __call__(self, model, objective):
-        dyn, static = eqx.partition((model, objective), eqx.is_array)
+    def __call__(self, *args):
+        dyn, static = eqx.partition(args, eqx.is_array)
         leaves, treedef = jax.tree.flatten(dyn)
         material = self._material(leaves, treedef, static)
         key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
         with self._lock:
             program = self._programs.get(key)
             if program is None:
-                program = self._programs[key] = self._load_or_export(key, material, treedef, static, leaves)
+                program = self._load_or_export(key, material, treedef, static, leaves, args)
+                self._programs[key] = program
         if program is _NOT_EXPORTABLE:
-            return self.fn(model, objective)
+            return self._fn(*args)(*args)
         return program.call(leaves)
+
+    def _fn(self, *args):
+        if self._made is None:
+            self._made = self.make(*args)
+        return self._made
 
     def _material(self, leaves, treedef, static) -> dict:
         """The key material, as JSON reads it back (what a stored entry is compared with)."""
@@ -93,20 +138,13 @@ class StoredProgram:
 
     def _key_parts(self, leaves, treedef, static) -> dict:
         return {
-            "format": FORMAT,
-            "name": self.name,
-            "settings": self.settings,
+            **_environment(self.name, self.settings),
             "inputs": str(treedef),
             "static": repr(jax.tree.leaves(static)),
             "shapes": [[list(x.shape), str(x.dtype)] for x in leaves],
-            "backend": jax.default_backend(),
-            "x64": bool(jax.config.jax_enable_x64),
-            "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__,
-            "polarize": source_hash(),
         }
 
-    def _load_or_export(self, key, material, treedef, static, leaves):
+    def _load_or_export(self, key, material, treedef, static, leaves, concrete):
         meta, blob = self.folder / f"{key}.json", self.folder / f"{key}.bin"
         reason = self._check(meta, blob, material)
         if reason == "not exportable":
@@ -121,9 +159,10 @@ class StoredProgram:
                 self.events.append("loaded")
                 return program
 
+        traced = self._fn(*concrete)
+
         def fn(leaves):
-            model, objective = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
-            return self.fn(model, objective)
+            return traced(*eqx.combine(jax.tree.unflatten(treedef, leaves), static))
 
         try:
             program = jax.export.export(jax.jit(fn))(leaves)

@@ -8,7 +8,7 @@ arrays and the figures. An interrupted run continues with `resume=True`
 result is bit-identical to an uninterrupted run. With several processes
 (`jax.distributed`), process p computes the chunks i with i mod P = p.
 
-Per initialization only reduced quantities are kept (`measure`): final statistics
+Per initialization only reduced quantities are kept (`_numerics.measure`): final statistics
 (`polarize.statistics`), hitting times (located on the flow's own accepted steps,
 `polarize.hitting.flow_with_hitting_times`) and the logistic rate (`polarize.hitting`),
 `ok`/`status`, and `snapshots` log-spaced values of max weight and entropy. A sweep of
@@ -19,7 +19,6 @@ the token selection with its SVMs (`token_selection`, `_selection_arrays`).
 
 import contextlib
 import ctypes
-import dataclasses
 import functools
 import threading
 import time
@@ -27,25 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..core._batching import cpu_threads
 from ..core._choices import BLOCK_SIZE
 from ..core._errors import PolarizeError
-from ..core._trajectory import Trajectory
-from ..core._weights import distribution
 from ..figures._pyplot import pyplot
-from ..measure._rates import logistic_rate
-from ..measure._selection import token_selection, weight_statistics
-from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
-from ..solve._descent import descend_with_hitting_times
-from ..solve._devices import barrier, my_chunks, over_devices
-from ..solve._flow import crosses_in_loop, decided
-from ..solve._hitting import (
-    flow_and_crossings,
-    restarted_hitting_times,
-)
+from ..solve._devices import barrier, my_chunks
 from ._config import SweepConfig
 from ._folder import (
     FolderLock,
@@ -59,7 +46,7 @@ from ._folder import (
     settings_hash,
     stored_config,
 )
-from ._programs import StoredProgram, programs_dir
+from ._programs import StoredProgram, programs_dir, stored_value
 from ._results import Gather, assemble, gathering
 from ._storage import write_json
 from ._store import ChunkStore
@@ -136,138 +123,6 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
     )
 
 
-def solve(config: SweepConfig, model, objective) -> Trajectory:
-    """The trajectories of `model` (a batch of initializations) under the config's method."""
-    return solve_with_times(config, model, objective)[0]
-
-
-def solve_with_times(config: SweepConfig, model, objective) -> tuple[Trajectory, dict | None]:
-    """The trajectories and, for descent or a flow in the engine's batched loop, the config's
-    hitting times from the same solve (None otherwise: `measure` then restarts on one device)."""
-    if config.method == "flow":
-        return flow_and_crossings(model, objective, config.solve_options(), config.time_names())
-    # descent checks the targets on the iterates it steps, in the same scan
-    levels = dict(levels=config.levels, loss_fraction=config.loss_fraction)
-    saves = dict(n_save=config.n_save, block_size=config.resolved().block_size)
-    return descend_with_hitting_times(model, objective, config.lr, steps=config.steps, **levels, **saves)
-
-
-#: Settings that only choose the numbers a sweep starts from (its initializations and
-#: data) or what is made of its results afterwards, never the program that solves and
-#: measures a piece: `_program` resets them, so that cells of a study that differ only
-#: in these (a grid over kappa, v_scale or seed) share one compiled program.
-DATA_ONLY = ("kappa", "v_scale", "a_scale", "a_offset", "p_scale", "seed", "inits", "chunk_size", "threshold")
-
-
-def _program(config: SweepConfig) -> SweepConfig:
-    """`config` (its block size resolved) with its `DATA_ONLY` settings at their
-    defaults: the key of its programs."""
-    defaults = SweepConfig()
-    return dataclasses.replace(config.resolved(), **{name: getattr(defaults, name) for name in DATA_ONLY})
-
-
-@functools.lru_cache(maxsize=16)
-def _solved(config: SweepConfig, method: tuple | None = None):
-    """The per-device part of `measure` for `config`: one function object per config, so
-    the sharded program over several devices is compiled once, not once per chunk.
-    `method`: (solver, clock) decided beforehand (see `measure`)."""
-    # per-initialization fields only (descent's `steps` are the shared saved step indices)
-    fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
-        ("steps",) if config.method == "flow" else ()
-    )
-
-    # model prompt keeps its trajectories: its token selection is measured on the host
-    reduce = _reducer(config) if config.model == "value" else None
-
-    def solved(model, objective):
-        if config.method == "flow":
-            options, names = _options(config, method), config.time_names()
-            result, times = flow_and_crossings(model, objective, options, names, reduce=reduce)
-            if times is not None and reduce is not None:  # reduced block by block: no trajectory stored
-                return {"reduced": result, "times": times}
-            traj = result
-        else:
-            traj, times = solve_with_times(config, model, objective)
-        if config.model == "prompt":
-            stats = weight_statistics(traj, keep=config.snapshot_index())
-        else:
-            stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
-        return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
-
-    return solved
-
-
-@functools.lru_cache(maxsize=16)
-def _reducer(config: SweepConfig):
-    """What a flow sweep keeps of ONE initialization's trajectory (`solve_flow`'s
-    `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
-    them from stored trajectories. One function object per config (a compiled program's key)."""
-    keep = tuple(int(k) for k in config.snapshot_index())
-    ts, t1, rate = config.times(), config.horizon(), config.fits_rate()
-
-    def reduce(path, a, weights, loss, ok, objective):
-        flags = order_flags_apply(objective, path, a)
-        b = objective.direction() if flags else jnp.zeros(1, a.dtype)
-        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=config.atol)
-        if rate:
-            fit = logistic_rate(ts, jnp.max(distribution(weights), axis=-1), t1=t1)
-            out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
-        return out
-
-    return reduce
-
-
-def measure(config: SweepConfig, model, objective, *, devices=None, method: tuple | None = None) -> dict:
-    """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
-
-    The solves, hitting times and statistics are split over `devices`; the numbers do
-    not depend on the device count. Hitting times that need restarted solves (solvers
-    outside the batched loop) run on one device: their restarted solves' root finding
-    rounded differently inside `shard_map`. `method` (solver, clock) replaces the
-    config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
-    sweep's concrete objective (a stored program's trace cannot read its curvature).
-    """
-    out = over_devices(_solved(_program(config), method), model, objective, devices)
-    if "reduced" in out:
-        reduced = dict(out["reduced"])
-        ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))
-        return {**reduced, **out["times"], "solver_steps": steps, "ok": ok, "status": status}
-    parts = out["traj"]
-    traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
-    times = out["times"]
-    out = dict(out["stats"])
-    if config.method == "flow":
-        if times is None:
-            options, names = config.solve_options(), config.time_names()
-            times = restarted_hitting_times(traj, model, objective, options, names)
-        out.update(times)
-        out["solver_steps"] = traj.steps
-    else:  # descent's, NaN where `traj.ok` is False
-        out.update(times)
-    if config.fits_rate():
-        max_weight = jnp.max(distribution(traj.weights), axis=-1)
-        rate = logistic_rate(config.times(), max_weight, t1=config.horizon())
-        out.update({k: jnp.where(traj.ok, v, jnp.nan) for k, v in rate.items()})
-    if config.model == "prompt":
-        out.update(_selection_arrays(config, traj, model, objective))
-    out["ok"], out["status"] = traj.ok, traj.status
-    return out
-
-
-def _selection_arrays(config: SweepConfig, traj: Trajectory, model, objective) -> dict[str, np.ndarray]:
-    """What a prompt sweep keeps of `token_selection` per initialization: each number of
-    `TokenSelection.final()` as `final_<name>` (|p| as `final_p_norm`: `norm` is the
-    normalization's setting), the selected and best-score tokens `final_selected`,
-    `final_best` (inits, samples), and `snap_cos_selected` at the snapshots (float32)."""
-    selection = token_selection(traj, model, objective)
-    names = {"norm": "p_norm"}
-    out = {f"final_{names.get(k, k)}": v for k, v in selection.final().items() if k != "ok"}
-    out["final_selected"] = selection.selected.astype(np.int32)
-    out["final_best"] = selection.best.astype(np.int32)
-    out["snap_cos_selected"] = selection.cos_selected[:, config.snapshot_index()].astype(np.float32)
-    return out
-
-
 def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
@@ -290,12 +145,15 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
     def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
         model = config.build_model(lo, lo + size)
         stored = _stored_measure(config, model, objective) if n_devices == 1 else None
-        out = stored(model, objective) if stored else measure(config, model, objective, devices=devices)
+        if stored is None:
+            out = _numerics().measure(config, model, objective, devices=devices)
+        else:
+            out = stored(model, objective)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     starts = list(range(start, stop, size))
     parts = []
-    key = (_program(config), size, tuple(devices or ()))
+    key = (config.program(), size, tuple(devices or ()))
     if key not in _COMPILED:  # the first run alone compiles; the others reuse it
         parts.append(blocks(starts.pop(0)))
         _COMPILED.add(key)
@@ -312,41 +170,41 @@ def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | No
     times, compute their rates and times after their solve: fused into one exported
     program those round differently in the last bit).
 
-    The program is traced with the solver and clock decided here on the concrete
-    `objective` (`solve._flow.decided`): traced, the objective's curvature is unknown and `flow`'s
+    The program is traced with the solver and clock decided on the concrete `objective`
+    (`_numerics.decide`): traced, the objective's curvature is unknown and `flow`'s
     default would take the stiff method. Decided once per config (data settings
-    included: the curvature depends on them), from the first block's `model`."""
+    included: the curvature depends on them), from the first block's `model`, and stored
+    beside the programs (`stored_value`): a later process that finds both runs the
+    program without loading the solvers (diffrax, optax) at all."""
     folder = programs_dir()
     if folder is None or config.method != "flow" or config.model != "value":
         return None  # (model prompt measures its token selection on the host: not one program)
     key = (config, folder)
-    if key not in _EXPORTABLE:
-        options = decided(model, objective, config.solve_options())
-        in_loop = crosses_in_loop(model, objective, options)
-        _EXPORTABLE[key] = (options.solver, options.clock) if in_loop else None
-    method = _EXPORTABLE[key]
-    return None if method is None else _stored(_program(config), method, folder)
+    if key not in _DECIDED:
+        decide = lambda: _numerics().decision(config, model, objective)
+        _DECIDED[key] = stored_value(folder, "runs._sweep.decision", config.to_dict(), decide)
+    decision = _DECIDED[key]
+    return None if decision is None else _stored(config.program(), tuple(decision), folder)
 
 
-#: (config, programs folder) -> the (solver, clock) its stored `measure` is traced
+#: (config, programs folder) -> the [solver, clock] names its stored `measure` is traced
 #: with, or None where `measure` is not stored (`_stored_measure`).
-_EXPORTABLE: dict = {}
-
-
-def _options(config: SweepConfig, method: tuple | None):
-    """The config's flow options, with `method` (solver, clock) in place of its own."""
-    options = config.solve_options()
-    if method is None:
-        return options
-    solver, clock = method
-    return dataclasses.replace(options, solver=solver, clock=clock)
+_DECIDED: dict = {}
 
 
 @functools.lru_cache(maxsize=16)
-def _stored(config: SweepConfig, method: tuple, folder: Path) -> StoredProgram:
-    settings = {**config.to_dict(), "decided": [type(method[0]).__name__, method[1]]}
-    fn = lambda m, o: measure(config, m, o, method=method)
-    return StoredProgram(fn, "runs._sweep.measure", settings, folder)
+def _stored(program: SweepConfig, decision: tuple, folder: Path) -> StoredProgram:
+    settings = {**program.to_dict(), "decided": list(decision)}
+    make = lambda m, o: _numerics().stored_measure(program, list(decision), m, o)
+    return StoredProgram(make, "runs._sweep.measure", settings, folder)
+
+
+def _numerics():
+    """The module of a sweep's solve and measurements (`_numerics`: diffrax, optax),
+    imported on first use: a warm sweep that runs its stored program never loads them."""
+    from . import _numerics
+
+    return _numerics
 
 
 def piece_size(config: SweepConfig, n_devices: int = 1) -> int:
@@ -496,7 +354,7 @@ def _sample(config: SweepConfig, sample: int) -> dict | None:
     if not sample:
         return None
     n = min(sample, config.inits)
-    traj = solve(config, config.build_model(0, n), config.build_objective())
+    traj = _numerics().solve(config, config.build_model(0, n), config.build_objective())
     states = ("p", "v") if config.model == "prompt" else ("V", "a")
     return {k: getattr(traj, k) for k in ("ts", *states, "weights", "loss", "ok", "status")}
 

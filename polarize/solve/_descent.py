@@ -25,16 +25,11 @@ from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
 from ..core._errors import PolarizeError, check_positive
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
+from ..core._times import save_steps
 from ..core._trajectory import Trajectory, all_finite, observe
 from ..core.fields import Path, prepare
 from ._devices import release_programs_if_crowded
 from ._options import Targets
-
-
-def save_steps(steps: int, n_save: int = 64) -> np.ndarray:
-    """About n_save distinct step indices from 0 to steps, evenly spaced in log(1 + k)."""
-    raw = np.expm1(np.linspace(0.0, np.log1p(steps), n_save))
-    return np.unique(np.concatenate([[0], np.round(raw).astype(np.int64), [steps]]))
 
 
 def descend(

@@ -5,7 +5,7 @@ import pytest
 
 import polarize as pz
 from polarize.core import _choices, _normalizations
-from polarize.runs import _build, _config
+from polarize.runs import _build, _config, _numerics
 
 
 def test_each_family_of_names_is_the_registry_that_builds_it():
@@ -13,7 +13,7 @@ def test_each_family_of_names_is_the_registry_that_builds_it():
     assert tuple(_build.OBJECTIVES) == tuple(_config.OBJECTIVES)
     assert tuple(_build.MODELS) == tuple(_config.MODELS)
     assert tuple(_build.PROMPT_OBJECTIVES) == _config.PROMPT_OBJECTIVES
-    assert tuple(_build.SOLVERS) == _config.SOLVERS
+    assert tuple(_numerics.SOLVERS) == _config.SOLVERS
     assert tuple(_normalizations.NORMALIZATIONS) == _choices.NORMALIZATION_NAMES
     for name in _config.OBJECTIVES:
         objective = pz.SweepConfig(objective=name, tokens=3, dim=3).build_objective()

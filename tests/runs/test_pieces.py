@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from polarize.runs import _sweep as sweep
+from polarize.runs import _numerics, _sweep as sweep
 from polarize.runs._config import SweepConfig
 
 CASES = {
@@ -25,8 +25,8 @@ def test_one_block_and_the_first_of_two_are_the_same_numbers(settings):
     config = SweepConfig(inits=256, **settings).resolved()
     assert config.block_size == 128
     objective = sweep._objective(config)
-    alone = sweep.measure(config, config.build_model(0, 128), objective)
-    first = sweep.measure(config, config.build_model(0, 256), objective)
+    alone = _numerics.measure(config, config.build_model(0, 128), objective)
+    first = _numerics.measure(config, config.build_model(0, 256), objective)
     names = list(alone)
     assert np.isfinite(np.asarray(alone["final_loss"])).all()
     assert any(np.isfinite(np.asarray(alone[k])).any() for k in names if k.startswith("time_to"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import polarize as pz
-from polarize.runs._programs import StoredProgram
+from polarize.runs._programs import StoredProgram, stored_value
 
 
 def _problem(seed=0):
@@ -22,6 +22,17 @@ def _problem(seed=0):
 def _loss_and_weights(model, objective):
     # a small batched program of the model and objective (any such function will do)
     return {"weights": jax.nn.softmax(model.a + 1.0, axis=-1), "V": jnp.tanh(model.V) * objective.b[0]}
+
+
+def _made(fn):
+    """A `make` that returns `fn`, counting its calls (made only where no entry serves)."""
+
+    def make(model, objective):
+        make.calls += 1
+        return fn
+
+    make.calls = 0
+    return make
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -36,14 +47,16 @@ def _entry(folder: Path) -> tuple[Path, Path]:
 def test_an_entry_is_exported_loaded_and_rebuilt_when_stale_or_corrupt(tmp_path):
     model, objective = _problem()
     expected = _loss_and_weights(model, objective)
-    first = StoredProgram(_loss_and_weights, "test", {"k": 1}, tmp_path)
+    first = StoredProgram(make := _made(_loss_and_weights), "test", {"k": 1}, tmp_path)
     assert _same(first(model, objective), expected) and first.events == ["exported"]
+    assert make.calls == 1
     other = _problem(seed=5)  # new data of the same shapes: the same program
     assert _same(first(*other), _loss_and_weights(*other)) and first.events == ["exported"]
 
     def fresh():  # a new process's view: nothing in memory, the entry on disk
-        program = StoredProgram(_loss_and_weights, "test", {"k": 1}, tmp_path)
+        program = StoredProgram(make := _made(_loss_and_weights), "test", {"k": 1}, tmp_path)
         assert _same(program(model, objective), expected)
+        assert make.calls == (0 if program.events == ["loaded"] else 1)  # loaded: never built
         return program.events
 
     assert fresh() == ["loaded"]
@@ -66,8 +79,8 @@ def test_an_entry_is_exported_loaded_and_rebuilt_when_stale_or_corrupt(tmp_path)
     assert fresh() == ["rebuilt (unreadable key)"]
     # other settings or other shapes are other programs, never this one
     assert len(list(tmp_path.glob("*.json"))) == 1
-    StoredProgram(_loss_and_weights, "test", {"k": 2}, tmp_path)(model, objective)
-    StoredProgram(_loss_and_weights, "test", {"k": 1}, tmp_path)(*_bigger())
+    StoredProgram(_made(_loss_and_weights), "test", {"k": 2}, tmp_path)(model, objective)
+    StoredProgram(_made(_loss_and_weights), "test", {"k": 1}, tmp_path)(*_bigger())
     assert len(list(tmp_path.glob("*.json"))) == 3
 
 
@@ -81,10 +94,10 @@ def test_a_program_that_cannot_be_exported_runs_traced_and_is_remembered(tmp_pat
         return {k: eqx.error_if(v, jnp.any(jnp.isnan(v)), "nan") for k, v in out.items()}
 
     model, objective = _problem()
-    program = StoredProgram(checked, "test", {}, tmp_path)
+    program = StoredProgram(_made(checked), "test", {}, tmp_path)
     assert _same(program(model, objective), _loss_and_weights(model, objective))
     assert program.events == ["not exportable"]
-    again = StoredProgram(checked, "test", {}, tmp_path)
+    again = StoredProgram(_made(checked), "test", {}, tmp_path)
     assert _same(again(model, objective), _loss_and_weights(model, objective))
     assert again.events == ["not exportable"] and not list(tmp_path.glob("*.bin"))
 
@@ -116,11 +129,12 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
     _sweep._stored.cache_clear()
     for name in ("exported", "loaded"):
         pz.run_sweep(config, tmp_path / name)
-        solver, decided_clock = _sweep._EXPORTABLE[(config.resolved(), folder)]
-        assert type(solver).__name__ == "Tsit5" and decided_clock == clock
-        program = _sweep._stored(_sweep._program(config.resolved()), (solver, decided_clock), folder)
+        decision = _sweep._DECIDED[(config.resolved(), folder)]
+        assert decision == ["Tsit5", clock]
+        program = _sweep._stored(config.resolved().program(), tuple(decision), folder)
         assert program.events == [name]
         _sweep._stored.cache_clear()  # as in a new process
+        _sweep._DECIDED.clear()
     monkeypatch.setattr(_sweep, "programs_dir", lambda: None)
     pz.run_sweep(config, tmp_path / "traced")
     reference = np.load(tmp_path / "traced" / "per_init.npz")
@@ -129,3 +143,81 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
         assert set(stored.files) == set(reference.files)
         for key in reference.files:
             np.testing.assert_array_equal(stored[key], reference[key], err_msg=f"{name}: {key}")
+
+
+def test_a_stored_value_is_read_back_and_computed_again_when_stale_or_unreadable(tmp_path, monkeypatch):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return ["Tsit5", "log"]
+
+    for _ in range(2):  # computed once, then read back
+        assert stored_value(tmp_path, "test", {"k": 1}, compute) == ["Tsit5", "log"]
+    assert len(calls) == 1
+    assert stored_value(tmp_path, "test", {"k": 2}, lambda: None) is None  # other settings: its own entry
+    (path,) = [p for p in tmp_path.glob("*.value.json") if json.loads(p.read_text())["value"]]
+    entry = json.loads(path.read_text())
+    entry["value"], entry["material"]["polarize"] = ["Dopri5", "log"], "an older checkout"
+    path.write_text(json.dumps(entry))
+    assert stored_value(tmp_path, "test", {"k": 1}, compute) == ["Tsit5", "log"]  # stale: not used
+    path.write_text("{not json")
+    assert stored_value(tmp_path, "test", {"k": 1}, compute) == ["Tsit5", "log"]
+    assert len(calls) == 3
+    assert stored_value(tmp_path, "test", {"k": 1}, compute) == ["Tsit5", "log"] and len(calls) == 3
+
+
+WARM = """
+import sys
+from polarize.cli import main
+code = main(sys.argv[1:])
+print("LOADED", *sorted(m for m in ("diffrax", "optax", "optimistix") if m in sys.modules))
+sys.exit(code)
+"""
+
+
+def test_a_warm_sweep_runs_its_stored_program_without_loading_the_solvers(tmp_path):
+    # what makes a warm `polarize sweep` fast: the stored program and the stored decision
+    # of its solver serve, so diffrax and optax are never imported; the numbers are a cold run's
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "POLARIZE_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+    env.pop("POLARIZE_NO_CACHE", None)
+    args = ["sweep", "--tokens", "4", "--dim", "3", "--inits", "40", "--t1", "200", "--no-progress"]
+
+    def run(name):
+        cmd = [sys.executable, "-c", WARM, *args, "--out", str(tmp_path / name)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split("LOADED")[1].split()
+
+    assert run("cold") == ["diffrax", "optax", "optimistix"]
+    assert run("warm") == []
+    cold, warm = (np.load(tmp_path / name / "per_init.npz") for name in ("cold", "warm"))
+    assert set(cold.files) == set(warm.files)
+    for key in cold.files:
+        np.testing.assert_array_equal(warm[key], cold[key], err_msg=key)
+
+
+def test_a_sweeps_draws_from_stored_programs_are_the_drawn_ones(tmp_path, monkeypatch):
+    # where the compile cache is on, the model's normals and the logistic direction come
+    # from stored programs (exported, then loaded): the bits of init_ensemble and random_direction
+    from polarize.runs import _build
+
+    config = pz.SweepConfig(tokens=5, dim=3, seed=7, v_scale=0.3, a_scale=0.2, a_offset=-0.1)
+    pieces = [(0, 16), (16, 48), (40, 56)]
+    expected = [config.build_model(*p) for p in pieces], config.build_objective()
+    monkeypatch.setattr(_build, "programs_dir", lambda: tmp_path)
+    for events in (["exported"], ["loaded"]):
+        _build._normals_program.cache_clear(), _build._direction_program.cache_clear()  # a new process
+        got = [config.build_model(*p) for p in pieces], config.build_objective()
+        for model, want in zip(got[0], expected[0], strict=True):
+            for name in ("V", "a"):
+                np.testing.assert_array_equal(getattr(model, name), getattr(want, name))
+        np.testing.assert_array_equal(got[1].b, expected[1].b)
+        assert _build._direction_program(3, tmp_path).events == events
+        assert {tuple(_build._normals_program(n, 5, 3, "float64", tmp_path).events) for n in (16, 32)} == {
+            tuple(events)
+        }

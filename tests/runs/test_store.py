@@ -97,16 +97,16 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
     # and a piece is ONE block (per device); with the CPU's blocks, numbers are the CPU's
     import jax
 
-    from polarize.runs import _sweep as sweep
+    from polarize.runs import _numerics, _sweep as sweep
     from polarize.runs._config import SweepConfig
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     wide = SweepConfig().resolved()
     assert (wide.chunk_size, wide.block_size) == (131_072, 16_384)
     pieces = []
-    measure = sweep.measure
+    measure = _numerics.measure
     monkeypatch.setattr(
-        sweep, "measure", lambda c, m, o, **k: pieces.append(m.batch_size) or measure(c, m, o, **k)
+        _numerics, "measure", lambda c, m, o, **k: pieces.append(m.batch_size) or measure(c, m, o, **k)
     )
     config = SweepConfig(tokens=4, dim=3, t1=1e3, n_save=8, inits=5120, chunk_size=2048, block_size=128)
     monkeypatch.setattr(sweep, "AT_ONCE_CPU", 1024)  # CPU runs of blocks: the chunk would run as two

@@ -1,0 +1,203 @@
+"""A sweep's numerics: its solver and `SolveOptions`, and what it measures per initialization.
+
+`measure(config, model, objective)` solves a batch of initializations under the config's
+method (the exact flow, or descent) and reduces each to what a sweep keeps (see
+`_sweep`'s module doc). This is the part of a sweep that needs diffrax and optax; the
+runner (`_sweep`) imports it on first use, so that a warm sweep that runs its stored
+program (`_programs`) does not load them. Like `_build`, it imports nothing of the
+config (`SweepConfig` imports it on first use for `build_solver` and `solve_options`).
+"""
+
+import dataclasses
+import functools
+
+import diffrax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core._trajectory import Trajectory
+from ..core._weights import distribution
+from ..measure._rates import logistic_rate
+from ..measure._selection import token_selection, weight_statistics
+from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
+from ..solve._descent import descend_with_hitting_times
+from ..solve._devices import over_devices
+from ..solve._flow import crosses_in_loop, decided
+from ..solve._hitting import flow_and_crossings, restarted_hitting_times
+from ..solve._options import SolveOptions, Targets
+
+#: solver name -> diffrax solver class (None: `flow`'s default).
+SOLVERS = {"auto": None, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "kvaerno5": diffrax.Kvaerno5}
+
+
+def solver(config) -> diffrax.AbstractSolver | None:
+    cls = SOLVERS[config.solver]
+    return None if cls is None else cls()
+
+
+def solve_options(config) -> SolveOptions:
+    return SolveOptions(
+        t1=config.t1,
+        n_save=config.n_save,
+        solver=solver(config),
+        rtol=config.rtol,
+        atol=config.atol,
+        max_steps=config.max_steps,
+        block_size=config.resolved().block_size,
+        targets=Targets.of(config.levels, config.loss_fraction),
+    )
+
+
+def decide(config, model, objective) -> tuple | None:
+    """The (solver, clock) a flow sweep's stored `measure` is traced with, or None where
+    `measure` is not one program with no arithmetic after it (see `_sweep._stored_measure`):
+    `solve._flow.decided` on the concrete `objective` (traced, its curvature is unknown and
+    `flow`'s default would take the stiff method)."""
+    options = decided(model, objective, config.solve_options())
+    return (options.solver, options.clock) if crosses_in_loop(model, objective, options) else None
+
+
+def decision(config, model, objective) -> list[str] | None:
+    """`decide` as JSON: [the solver's class name, the clock], or None."""
+    method = decide(config, model, objective)
+    return None if method is None else _names(method)
+
+
+def _names(method: tuple) -> list[str]:
+    return [type(method[0]).__name__, method[1]]
+
+
+def stored_measure(config, decision: list[str], model, objective):
+    """fn(model, objective): `measure` of `config` with the method decided on these concrete
+    arrays, which must be the stored `decision` (`decision`), for a stored program to trace."""
+    method = decide(config, model, objective)
+    if method is None or _names(method) != decision:
+        raise RuntimeError(f"polarize: decided {method} for a program stored as {decision}")
+    return lambda m, o: measure(config, m, o, method=method)
+
+
+def solve(config, model, objective) -> Trajectory:
+    """The trajectories of `model` (a batch of initializations) under the config's method."""
+    return solve_with_times(config, model, objective)[0]
+
+
+def solve_with_times(config, model, objective) -> tuple[Trajectory, dict | None]:
+    """The trajectories and, for descent or a flow in the engine's batched loop, the config's
+    hitting times from the same solve (None otherwise: `measure` then restarts on one device)."""
+    if config.method == "flow":
+        return flow_and_crossings(model, objective, config.solve_options(), config.time_names())
+    # descent checks the targets on the iterates it steps, in the same scan
+    levels = dict(levels=config.levels, loss_fraction=config.loss_fraction)
+    saves = dict(n_save=config.n_save, block_size=config.resolved().block_size)
+    return descend_with_hitting_times(model, objective, config.lr, steps=config.steps, **levels, **saves)
+
+
+@functools.lru_cache(maxsize=16)
+def _solved(config, method: tuple | None = None):
+    """The per-device part of `measure` for `config`: one function object per config, so
+    the sharded program over several devices is compiled once, not once per chunk.
+    `method`: (solver, clock) decided beforehand (see `measure`)."""
+    # per-initialization fields only (descent's `steps` are the shared saved step indices)
+    fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
+        ("steps",) if config.method == "flow" else ()
+    )
+
+    # model prompt keeps its trajectories: its token selection is measured on the host
+    reduce = _reducer(config) if config.model == "value" else None
+
+    def solved(model, objective):
+        if config.method == "flow":
+            options, names = _options(config, method), config.time_names()
+            result, times = flow_and_crossings(model, objective, options, names, reduce=reduce)
+            if times is not None and reduce is not None:  # reduced block by block: no trajectory stored
+                return {"reduced": result, "times": times}
+            traj = result
+        else:
+            traj, times = solve_with_times(config, model, objective)
+        if config.model == "prompt":
+            stats = weight_statistics(traj, keep=config.snapshot_index())
+        else:
+            stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
+        return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
+
+    return solved
+
+
+@functools.lru_cache(maxsize=16)
+def _reducer(config):
+    """What a flow sweep keeps of ONE initialization's trajectory (`solve_flow`'s
+    `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
+    them from stored trajectories. One function object per config (a compiled program's key)."""
+    keep = tuple(int(k) for k in config.snapshot_index())
+    ts, t1, rate = config.times(), config.horizon(), config.fits_rate()
+
+    def reduce(path, a, weights, loss, ok, objective):
+        flags = order_flags_apply(objective, path, a)
+        b = objective.direction() if flags else jnp.zeros(1, a.dtype)
+        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=config.atol)
+        if rate:
+            fit = logistic_rate(ts, jnp.max(distribution(weights), axis=-1), t1=t1)
+            out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
+        return out
+
+    return reduce
+
+
+def measure(config, model, objective, *, devices=None, method: tuple | None = None) -> dict:
+    """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
+
+    The solves, hitting times and statistics are split over `devices`; the numbers do
+    not depend on the device count. Hitting times that need restarted solves (solvers
+    outside the batched loop) run on one device: their restarted solves' root finding
+    rounded differently inside `shard_map`. `method` (solver, clock) replaces the
+    config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
+    sweep's concrete objective (a stored program's trace cannot read its curvature).
+    """
+    out = over_devices(_solved(config.program(), method), model, objective, devices)
+    if "reduced" in out:
+        reduced = dict(out["reduced"])
+        ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))
+        return {**reduced, **out["times"], "solver_steps": steps, "ok": ok, "status": status}
+    parts = out["traj"]
+    traj = Trajectory(ts=jnp.asarray(config.times()), V=parts.pop("value_path"), **parts)
+    times = out["times"]
+    out = dict(out["stats"])
+    if config.method == "flow":
+        if times is None:
+            options, names = config.solve_options(), config.time_names()
+            times = restarted_hitting_times(traj, model, objective, options, names)
+        out.update(times)
+        out["solver_steps"] = traj.steps
+    else:  # descent's, NaN where `traj.ok` is False
+        out.update(times)
+    if config.fits_rate():
+        max_weight = jnp.max(distribution(traj.weights), axis=-1)
+        rate = logistic_rate(config.times(), max_weight, t1=config.horizon())
+        out.update({k: jnp.where(traj.ok, v, jnp.nan) for k, v in rate.items()})
+    if config.model == "prompt":
+        out.update(_selection_arrays(config, traj, model, objective))
+    out["ok"], out["status"] = traj.ok, traj.status
+    return out
+
+
+def _selection_arrays(config, traj: Trajectory, model, objective) -> dict[str, np.ndarray]:
+    """What a prompt sweep keeps of `token_selection` per initialization: each number of
+    `TokenSelection.final()` as `final_<name>` (|p| as `final_p_norm`: `norm` is the
+    normalization's setting), the selected and best-score tokens `final_selected`,
+    `final_best` (inits, samples), and `snap_cos_selected` at the snapshots (float32)."""
+    selection = token_selection(traj, model, objective)
+    names = {"norm": "p_norm"}
+    out = {f"final_{names.get(k, k)}": v for k, v in selection.final().items() if k != "ok"}
+    out["final_selected"] = selection.selected.astype(np.int32)
+    out["final_best"] = selection.best.astype(np.int32)
+    out["snap_cos_selected"] = selection.cos_selected[:, config.snapshot_index()].astype(np.float32)
+    return out
+
+
+def _options(config, method: tuple | None):
+    """The config's flow options, with `method` (solver, clock) in place of its own."""
+    options = config.solve_options()
+    if method is None:
+        return options
+    solver, clock = method
+    return dataclasses.replace(options, solver=solver, clock=clock)
