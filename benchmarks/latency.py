@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import fmt, record, table  # noqa: E402
 
-CLI = "import sys; from polarize.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; sys.argv[0] = 'polarize'; from polarize.cli import run; run()"  # the `polarize` command
 FLOOR = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"
 NOTEBOOK = """
 import sys, time

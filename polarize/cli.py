@@ -9,8 +9,11 @@ in the job: `polarize --help` and a bad argument answer before JAX is loaded.
 """
 
 import argparse
+import atexit
 import dataclasses
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -265,6 +268,21 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("polarize: interrupted; finished work is on disk", file=sys.stderr)
         return 130
+
+
+def run() -> None:
+    """The `polarize` command: `main`, then the process ends once its output is flushed,
+    its other threads have finished and its exit handlers have run, without Python tearing
+    down JAX's runtime object by object (about 0.3 s of a warm default sweep's 3 s). Every
+    file a command writes is written (and synced) before `main` returns."""
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what a normal exit runs: JAX's own, logging's
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,15 +151,41 @@ def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys):
     assert (out / "something").read_text() == "x"
 
 
-def test_entry_point_exits_nonzero_without_traceback(tmp_path):
+#: the `polarize` command as pyproject.toml declares it (`polarize.cli:run`)
+COMMAND = "import sys; sys.argv[0] = 'polarize'; from polarize.cli import run; run()"
+
+
+@pytest.mark.parametrize("entry", [["-m", "polarize.cli"], ["-c", COMMAND]], ids=["module", "command"])
+def test_entry_point_exits_nonzero_without_traceback(tmp_path, entry):
     proc = subprocess.run(
-        [sys.executable, "-m", "polarize.cli", "sweep", "--norm", "nope", "--out", str(tmp_path / "y")],
+        [sys.executable, *entry, "sweep", "--norm", "nope", "--out", str(tmp_path / "y")],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("polarize: error: `norm` must be one of")
+
+
+def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
+    # `run` ends the process without Python's teardown: only after main's files are complete
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["polarize"] == "polarize.cli:run"
+    out = tmp_path / "run"
+    args = ["sweep", "--tokens", "3", "--dim", "2", "--inits", "8", "--t1", "100", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"results: {out}")
+    run = pz.load(out)  # complete: every array, the summary and the figures
+    assert run.summary["n_inits"] == 8 and len(run.arrays["ok"]) == 8
+    assert {p.name for p in out.glob("*.png")} == {
+        "weights.png",
+        "entropy_hist.png",
+        "winners.png",
+        "one_hot_fraction.png",
+    }
 
 
 def test_a_failing_sweep_reports_counts_writes_everything_and_exits_nonzero(tmp_path, capfd):
