@@ -25,14 +25,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import fmt, record, table  # noqa: E402
 
+# the `polarize` command (`polarize.cli:run`), its peak RSS printed by an exit handler (run
+# calls them before it ends the process)
 CHILD = """
-import sys
-from polarize.cli import main
-code = main(sys.argv[1:])
-with open("/proc/self/status") as f:
-    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-print(f"PEAK_RSS_KB {hwm}", file=sys.stderr)
-sys.exit(code)
+import atexit, sys
+def peak():
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    print(f"PEAK_RSS_KB {hwm}", file=sys.stderr)
+atexit.register(peak)
+sys.argv[0] = "polarize"
+from polarize.cli import run
+run()
 """
 
 
@@ -66,7 +70,7 @@ def parts() -> list[list]:
 
     jax.config.update("jax_enable_x64", True)
     from polarize.measure._statistics import final_statistics
-    from polarize.runs import _sweep as sweep
+    from polarize.runs import _numerics, _sweep as sweep
     from polarize.runs._config import SweepConfig
 
     config = SweepConfig()
@@ -89,14 +93,14 @@ def parts() -> list[list]:
         rtol=config.rtol, atol=config.atol, max_steps=config.max_steps, solver=config.build_solver()
     )
     alone, traj = steady(lambda: pz.flow(model, objective, t1=config.t1, n_save=config.n_save, **options))
-    both, _ = steady(lambda: sweep.solve_with_times(config, model, objective))
+    both, _ = steady(lambda: _numerics.solve_with_times(config, model, objective))
     stats, _ = steady(lambda: final_statistics(traj, objective, keep=config.snapshot_index()))
     restart, _ = steady(
         lambda: hitting_times(
             traj, model, objective, levels=config.levels, loss_fraction=config.loss_fraction, **options
         )
     )
-    whole, _ = steady(lambda: sweep.measure(config, model, objective))
+    whole, _ = steady(lambda: _numerics.measure(config, model, objective))
     rows = [
         ["flow alone (64 saves), trajectories stored", alone],
         ["flow and its hitting times (4 targets) from one solve, trajectories stored", both],
