@@ -20,6 +20,7 @@ from pathlib import Path
 from .core._choices import NORMALIZATION_NAMES
 from .core._errors import PolarizeError
 from .runs._config import METHODS, MODELS, OBJECTIVES, PROMPT_OBJECTIVES, SOLVERS, TRAIN, SweepConfig
+from .runs._drawing import FigureProcess
 from .runs._folder import check_out, check_study_out, require_kind, stored_config
 from .runs._study_file import load_study
 from .transformer.cli import add_subcommands
@@ -130,22 +131,29 @@ def _sweep(args):
     if ignored:
         flags = ", ".join(f"--{name.replace('_', '-')} ({why})" for name, why in ignored)
         raise PolarizeError(f"option(s) that do not apply to this sweep: {flags}; leave them out")
-    return lambda: _run_sweep(args, config, out)
+    # the figures' own Python loads matplotlib on another core while this one starts JAX
+    figures = None if args.distributed else FigureProcess()
+    return lambda: _run_sweep(args, config, out, figures)
 
 
-def _run_sweep(args, config: SweepConfig, out: Path) -> int:
+def _run_sweep(args, config: SweepConfig, out: Path, figures: FigureProcess | None) -> int:
     from .runs import run_sweep
     from .runs._results import failed_too_many, failure_line, result_line
 
-    summary = run_sweep(
-        config,
-        out,
-        overwrite=args.overwrite,
-        resume=args.resume is not None,
-        progress=not args.no_progress,
-        sample=args.sample,
-        force=args.force,
-    )
+    try:
+        summary = run_sweep(
+            config,
+            out,
+            overwrite=args.overwrite,
+            resume=args.resume is not None,
+            progress=not args.no_progress,
+            sample=args.sample,
+            force=args.force,
+            figures=True if figures is None else figures,
+        )
+    finally:
+        if figures is not None:
+            figures.close()
     if not summary:  # a process other than 0: process 0 reports
         return 0
     print(result_line(config, summary))

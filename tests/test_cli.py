@@ -175,9 +175,11 @@ def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     assert scripts["polarize"] == "polarize.cli:run"
     out = tmp_path / "run"
     args = ["sweep", "--tokens", "3", "--dim", "2", "--inits", "8", "--t1", "100", "--out", str(out)]
-    proc = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True)
+    # at exit the command says whether it loaded matplotlib: its figures' own Python draws
+    seen = "import atexit, sys; atexit.register(lambda: print('matplotlib' in sys.modules)); "
+    proc = subprocess.run([sys.executable, "-c", seen + COMMAND, *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith(f"results: {out}")
+    assert proc.stdout.strip().endswith(f"results: {out}\nFalse")
     run = pz.load(out)  # complete: every array, the summary and the figures
     assert run.summary["n_inits"] == 8 and len(run.arrays["ok"]) == 8
     assert {p.name for p in out.glob("*.png")} == {

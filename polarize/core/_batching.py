@@ -17,7 +17,6 @@ adaptive solvers small.
 """
 
 import functools
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -27,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._choices import BLOCK_SIZE
+from ._choices import BLOCK_SIZE, cpu_threads
 from ._errors import PolarizeError, check_choice, check_positive
 
 Precision = Literal["float32", "float64"]
@@ -214,17 +213,6 @@ def over_inits(fn, model, objective, *args, per_init=None, block_size: int | Non
         return fn(m, o, *args) if per_init is None else fn(m, o, extra, *args)
 
     return blockwise(one, (dynamic, per_init), block_size=block_size)
-
-
-def cpu_threads() -> int:
-    """Chunks of blocks `in_threads` runs side by side: $POLARIZE_THREADS, else the CPU
-    cores this process may use (1 turns it off)."""
-    value = os.environ.get("POLARIZE_THREADS")
-    if value is not None:
-        if not value.isdigit() or int(value) < 1:
-            raise PolarizeError(f"POLARIZE_THREADS must be a whole number >= 1; got {value!r}")
-        return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def in_threads(jitted, model, objective, *args, _block: int, _shared=lambda out: (), **kwargs):

@@ -5,6 +5,8 @@ JAX is imported. The registries that build the objects (`NORMALIZATIONS` in
 `_normalizations`, a sweep's `OBJECTIVES` and `SOLVERS`) hold exactly these names.
 """
 
+import os
+
 import numpy as np
 
 from ._errors import PolarizeError
@@ -73,3 +75,14 @@ def time_names(levels=LEVELS, loss_fraction: float | None = LOSS_FRACTION) -> li
     if loss_fraction is not None:
         names.append(f"time_to_loss_{loss_fraction:g}")
     return names
+
+
+def cpu_threads() -> int:
+    """Chunks of blocks `in_threads` runs side by side: $POLARIZE_THREADS, else the CPU
+    cores this process may use (1 turns it off)."""
+    value = os.environ.get("POLARIZE_THREADS")
+    if value is not None:
+        if not value.isdigit() or int(value) < 1:
+            raise PolarizeError(f"POLARIZE_THREADS must be a whole number >= 1; got {value!r}")
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

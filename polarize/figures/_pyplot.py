@@ -1,8 +1,9 @@
 """matplotlib, loaded on first use (the one deliberate lazy import of the figures), and
 the two things every figure here does to stay cheap to draw.
 
-`import polarize` and the CLI's parsing do not pay for matplotlib (about 0.4 s); a sweep
-or a study starts loading it in a thread while its solver runs (`polarize.runs`).
+`import polarize` and the CLI's parsing do not pay for matplotlib (about 0.25-0.4 s): the
+`polarize sweep` command draws in a second Python that loads it while the sweep runs
+(`polarize.runs._drawing`), and `run_sweep` or a study load it in a thread meanwhile.
 
 Measured on a 2-core CPU (benchmarks/NOTES.md, "Warm studies, figures and imports"):
 a layout engine (constrained or tight) took half of a figure's time, finding where the

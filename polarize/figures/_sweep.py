@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core._batching import cpu_threads
+from ..core._choices import cpu_threads
 from ._pyplot import log_scale, pyplot
 
 #: Fixed margins (inches' fractions) that fit the axis labels: measured, constrained

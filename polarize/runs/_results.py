@@ -18,17 +18,16 @@ Files of a finished run folder (besides config.json and chunks/):
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ..core import status
 from ..core._errors import PolarizeError
-from ..figures._sweep import sweep_figures
 from ..measure._selection import aggregate_selection
 from ..measure._statistics import aggregate
 from ._config import SweepConfig
+from ._drawing import FigureProcess, draw_here
 from ._folder import stored_config
 from ._storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
 
@@ -97,7 +96,7 @@ def assemble(
     *,
     wall: float,
     sample: dict | None,
-    figures: bool = True,
+    figures: bool | FigureProcess = True,
     recomputed: dict | None = None,
 ) -> dict:
     """per_init.npz, series.npz, sample.npz and summary.json from a complete `gather`, then the figures.
@@ -108,7 +107,8 @@ def assemble(
     from their raw files into series.npz, so they are never whole in memory; the figures
     then read one series at a time. Figures that cannot be drawn (no finished
     initialization) are drawn empty with a note, never a crash; `figures=False` draws
-    none (a study's cells: `polarize report` draws them later). `recomputed` (chunk
+    none (a study's cells: `polarize report` draws them later), and a `FigureProcess`
+    has them drawn there. `recomputed` (chunk
     file -> why its stored copy was not used) goes to summary.json as it is.
     """
     n_chunks = -(-config.inits // config.chunk_size)
@@ -126,33 +126,11 @@ def assemble(
         write_npz(out / "sample.npz", sample)
     del arrays
     write_json(out / "summary.json", summary)
-    if figures:
-        sweep_figures(_FigureArrays(out), config, out)
+    if isinstance(figures, FigureProcess):
+        figures.draw(config, out)
+    elif figures:
+        draw_here(config, out)
     return summary
-
-
-class _FigureArrays(Mapping):
-    """A finished sweep's arrays (the keys of `load_arrays`) for the figures, each read
-    from per_init.npz or series.npz at access and not kept: only the arrays a figure
-    is drawing are in memory."""
-
-    def __init__(self, out: Path):
-        self._per_init, self._series = Path(out) / "per_init.npz", Path(out) / "series.npz"
-        with np.load(self._per_init, allow_pickle=False) as a, np.load(self._series, allow_pickle=False) as b:
-            self._where = {k: (self._per_init, k) for k in a.files}
-            self._where["snap_ts"] = (self._series, "ts")
-            self._where.update({"series_" + k.removeprefix("snap_"): (self._series, k) for k in b.files})
-
-    def __getitem__(self, key):
-        path, name = self._where[key]
-        with np.load(path, allow_pickle=False) as z:
-            return z[name]
-
-    def __iter__(self):
-        return iter(self._where)
-
-    def __len__(self):
-        return len(self._where)
 
 
 def load_arrays(out) -> dict:

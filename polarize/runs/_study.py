@@ -39,7 +39,7 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from ..core._batching import cpu_threads
+from ..core._choices import cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
 from ..figures._study import plot_study as draw_study

@@ -28,12 +28,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from ..core._batching import cpu_threads
-from ..core._choices import BLOCK_SIZE
+from ..core._choices import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
 from ..solve._devices import barrier, my_chunks
 from ._config import SweepConfig
+from ._drawing import FigureProcess
 from ._folder import (
     FolderLock,
     check_out,
@@ -245,7 +245,7 @@ def run_sweep(
     progress: bool = False,
     sample: int = 0,
     devices=None,
-    figures: bool = True,
+    figures: bool | FigureProcess = True,
     force: bool = False,
 ) -> dict:
     """Run (or resume) a sweep in `out`; returns the summary (also in summary.json).
@@ -254,7 +254,8 @@ def run_sweep(
     loses at most the chunk in flight. With several JAX processes
     (`jax.distributed.initialize()` first), each computes its share of chunks and
     process 0 assembles the results (the others return an empty dict). `figures=False`
-    skips the four PNGs (`polarize report DIR` draws them from the stored results).
+    skips the four PNGs (`polarize report DIR` draws them from the stored results); a
+    `FigureProcess` (started before JAX was imported) draws them in its own process.
     A CPU sweep that will not fit in memory is refused with its estimate unless `force`
     (`check_memory`). `out` is locked while this process writes it (`_folder.FolderLock`).
     """
@@ -297,7 +298,7 @@ def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devi
     store.save_if_rebuilt()
     started = time.perf_counter()
     assembler = jax.process_index() == 0
-    if assembler and figures:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
+    if assembler and figures is True:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
         threading.Thread(target=pyplot).start()
     bar = _progress(progress, ranges, todo)
     # process 0 gathers its chunks for the assembly as they are finished

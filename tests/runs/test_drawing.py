@@ -1,0 +1,64 @@
+"""A sweep's figures drawn by the figure process are the figures drawn here, and when that
+process cannot draw them they are drawn here, never lost."""
+
+import shutil
+
+import pytest
+
+from polarize.runs import SweepConfig, run_sweep
+from polarize.runs._drawing import FigureProcess, draw_here
+
+NAMES = {"weights.png", "entropy_hist.png", "winners.png", "one_hot_fraction.png"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished sweep folder without figures, and its config."""
+    out = tmp_path_factory.mktemp("drawing") / "run"
+    config = SweepConfig(tokens=3, dim=2, inits=8, t1=100.0).resolved()
+    run_sweep(config, out, figures=False)
+    assert not list(out.glob("*.png"))
+    return config, out
+
+
+def copy_of(folder, to):
+    shutil.copytree(folder, to)
+    return to
+
+
+def test_the_figure_process_draws_the_figures_drawn_here(finished, tmp_path):
+    config, out = finished
+    there = copy_of(out, tmp_path / "there")
+    here = copy_of(out, tmp_path / "here")
+    paths = FigureProcess().draw(config, there)
+    assert {p.name for p in paths} == NAMES and all(p.parent == there for p in paths)
+    draw_here(config, here)
+    for name in NAMES:  # the same functions on the same stored arrays: the same bytes
+        assert (there / name).read_bytes() == (here / name).read_bytes(), name
+
+
+def test_a_figure_process_that_died_leaves_the_drawing_to_this_one(finished, tmp_path):
+    config, out = finished
+    folder = copy_of(out, tmp_path / "run")
+    figures = FigureProcess()
+    figures._proc.kill()
+    figures._proc.wait()
+    paths = figures.draw(config, folder)
+    assert {p.name for p in paths} == NAMES and all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_a_folder_whose_figures_cannot_be_drawn_is_an_error_not_a_silence(finished, tmp_path):
+    config, out = finished
+    folder = copy_of(out, tmp_path / "run")
+    (folder / "series.npz").unlink()
+    with pytest.raises(FileNotFoundError, match="series.npz"):
+        FigureProcess().draw(config, folder)
+
+
+def test_a_figure_process_never_asked_ends_when_closed():
+    figures = FigureProcess()
+    proc = figures._proc
+    figures.close()
+    assert proc.poll() == 0
+    figures.close()  # twice is fine
+
