@@ -33,7 +33,7 @@ study's summary.json; the other cells go on.
 import dataclasses
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import jax
@@ -43,7 +43,7 @@ from ..core._choices import cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
 from ..figures._study import plot_study as draw_study
-from ..solve._devices import barrier, release_programs_if_crowded
+from ..solve._devices import barrier, programs_crowded, release_programs_if_crowded
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
@@ -126,7 +126,9 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
     """{name: why} of the cells of `todo` ([(name, config, folder)]) that failed.
 
     Cells side by side (`side_by_side`) show one progress bar over cells; the first cell
-    runs alone, as it compiles (or loads) the program the others share."""
+    runs alone, as it compiles (or loads) the program the others share, and then each
+    thread takes the next cell as soon as its own is done (in rounds, a thread waited for
+    the slower cell of each round, and the last round of an odd count ran alone)."""
     at_once = side_by_side([config for _, config, _ in todo])
     if at_once == 1 or len(todo) < 2:
         run = lambda item: _run_cell(*item, progress=progress, cell_figures=cell_figures)
@@ -143,12 +145,21 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
 
     done(todo[0], run(todo[0]))
     pool = ThreadPoolExecutor(at_once)
+    pending, running = list(todo[1:]), {}
     try:
-        for k in range(1, len(todo), at_once):  # in rounds: the main thread may free programs between
-            release_programs_if_crowded()
-            group = todo[k : k + at_once]
-            for item, why in zip(group, pool.map(run, group), strict=True):
-                done(item, why)
+        # a cell starts as soon as a thread is free; programs are freed (on this thread)
+        # only with no cell running: past the mark, the running cells finish first
+        while pending or running:
+            while pending and len(running) < at_once:
+                item = pending.pop(0)
+                running[pool.submit(run, item)] = item
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done(running.pop(future), future.result())
+            if programs_crowded():
+                for future in list(running):
+                    done(running.pop(future), future.result())
+                release_programs_if_crowded()
     finally:  # interrupted: the cells running finish (their chunks are on disk), no new one starts
         pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:

@@ -188,8 +188,14 @@ def release_programs_if_crowded(*args, fraction: float = 0.75, limit: int | None
         return False
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
         return False
-    regions = mapped_regions()
-    if regions is None or regions < fraction * (map_limit() if limit is None else limit):
+    if not programs_crowded(fraction=fraction, limit=limit):
         return False
     jax.clear_caches()
     return True
+
+
+def programs_crowded(*, fraction: float = 0.75, limit: int | None = None) -> bool:
+    """Whether this process has mapped `fraction` of `limit` (default `map_limit()`) memory
+    regions: the mark past which `release_programs_if_crowded` clears JAX's caches."""
+    regions = mapped_regions()
+    return regions is not None and regions >= fraction * (map_limit() if limit is None else limit)

@@ -61,4 +61,3 @@ def test_a_figure_process_never_asked_ends_when_closed():
     figures.close()
     assert proc.poll() == 0
     figures.close()  # twice is fine
-

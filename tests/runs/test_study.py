@@ -144,6 +144,37 @@ def test_cells_side_by_side_compute_what_each_computes_alone(tmp_path, monkeypat
     assert side_by_side([pz.SweepConfig(inits=200), big]) == 1 and side_by_side([pz.SweepConfig()]) == 2
 
 
+def test_cells_side_by_side_free_programs_only_with_no_cell_running(tmp_path, monkeypatch, capsys):
+    """Each thread takes the next cell when its own is done; past the memory-map mark the
+    running cells finish before JAX's caches are cleared, and every cell runs once."""
+    import threading
+
+    from polarize.runs import _study
+
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    monkeypatch.setenv("POLARIZE_THREADS", "2")
+    lock, running, ran, released = threading.Lock(), [0], [], []
+    run_cell = _study._run_cell
+
+    def counted(name, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            ran.append(name)
+        try:
+            return run_cell(name, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(_study, "_run_cell", counted)
+    monkeypatch.setattr(_study, "programs_crowded", lambda: True)
+    monkeypatch.setattr(_study, "release_programs_if_crowded", lambda: released.append(running[0]))
+    assert main(["study", str(spec), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert sorted(ran) == sorted(p.name for p in (tmp_path / "s" / "cells").iterdir()) and len(ran) == 4
+    assert released and set(released) == {0}
+
+
 def test_the_survival_curve_is_the_fraction_reached_by_t():
     from polarize.figures._study import hitting_statistics, reached_by
 
