@@ -214,13 +214,14 @@ def figure_list(config) -> list[tuple]:
     return common + own + [(plot_one_hot_fraction, "one_hot_fraction.png")]
 
 
-def sweep_figures(arrays: dict, config, out: Path) -> list[Path]:
-    """Every figure of a sweep folder, from its stored arrays (`figure_list`).
+def sweep_figures(arrays: dict, config, out: Path, only=None) -> list[Path]:
+    """Every figure of a sweep folder (or those named in `only`), from its stored arrays
+    (`figure_list`).
 
     Only finished initializations are drawn; with none, each figure says so instead.
     """
     out = Path(out)
-    figures = figure_list(config)
+    figures = [f for f in figure_list(config) if only is None or f[1] in only]
     if not np.any(arrays["ok"]):
         note = f"no initialization finished ({len(arrays['ok'])} failed): nothing to draw"
         return [empty_figure(out / name, note) for _, name in figures]

@@ -26,7 +26,9 @@ def copy_of(folder, to):
     return to
 
 
-def test_the_figure_process_draws_the_figures_drawn_here(finished, tmp_path):
+@pytest.mark.parametrize("threads", ["1", "2"])  # on two, a fork of it draws every other figure
+def test_the_figure_process_draws_the_figures_drawn_here(finished, tmp_path, monkeypatch, threads):
+    monkeypatch.setenv("POLARIZE_THREADS", threads)
     config, out = finished
     there = copy_of(out, tmp_path / "there")
     here = copy_of(out, tmp_path / "here")
@@ -47,7 +49,11 @@ def test_a_figure_process_that_died_leaves_the_drawing_to_this_one(finished, tmp
     assert {p.name for p in paths} == NAMES and all(p.stat().st_size > 10_000 for p in paths)
 
 
-def test_a_folder_whose_figures_cannot_be_drawn_is_an_error_not_a_silence(finished, tmp_path):
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_folder_whose_figures_cannot_be_drawn_is_an_error_not_a_silence(
+    finished, tmp_path, monkeypatch, threads
+):
+    monkeypatch.setenv("POLARIZE_THREADS", threads)
     config, out = finished
     folder = copy_of(out, tmp_path / "run")
     (folder / "series.npz").unlink()
