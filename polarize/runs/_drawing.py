@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core._choices import cpu_threads
+from ..figures._pyplot import pyplot
 from ..figures._sweep import figure_list, sweep_figures
 from ._folder import stored_config
 
@@ -131,8 +132,6 @@ class FigureProcess:
 def _serve() -> int:
     """The figure process: matplotlib and a first figure's fonts loaded while the sweep
     runs, then the figures of the folder named on stdin (nothing if stdin just ends)."""
-    from ..figures._pyplot import pyplot
-
     plt = pyplot()
     fig = plt.figure(figsize=(1, 1))
     fig.text(0.5, 0.5, "10\u207b\u00b3")
