@@ -215,15 +215,24 @@ def _study(args):
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
     check_study_out(out)
-    return lambda: _run_study(args, study, out)
+    # its table and figure are written by a second Python, which loads pandas and
+    # matplotlib on another core while this one starts JAX and runs the cells
+    figures = None if args.distributed else FigureProcess(study=True)
+    return lambda: _run_study(args, study, out, figures)
 
 
-def _run_study(args, study, out: Path) -> int:
+def _run_study(args, study, out: Path, figures: FigureProcess | None) -> int:
     import jax
 
     from .runs import run_study
 
-    result = run_study(study, out, progress=not args.no_progress, cell_figures=args.cell_figures)
+    try:
+        result = run_study(
+            study, out, progress=not args.no_progress, cell_figures=args.cell_figures, figures=figures
+        )
+    finally:
+        if figures is not None:
+            figures.close()
     if jax.process_index() != 0:
         return 0
     print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")

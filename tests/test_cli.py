@@ -190,6 +190,29 @@ def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     }
 
 
+def test_the_study_command_solves_without_loading_pandas_or_matplotlib(tmp_path):
+    # its table and figure are written by the figure process
+    spec = tmp_path / "two.toml"
+    spec.write_text("[base]\ntokens = 3\ndim = 2\ninits = 8\nt1 = 100.0\n[grid]\nseed = [0, 1]\n")
+    out = tmp_path / "study"
+    seen = (
+        "import atexit, sys; "
+        "atexit.register(lambda: print(sorted({'matplotlib', 'pandas'} & set(sys.modules)))); "
+    )
+    args = ["study", str(spec), "--out", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-c", seen + COMMAND, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("figure: " + str(out / "comparison.png") + "\n[]")
+    result = pz.load(out)
+    assert (
+        list(result.table["cell"]) == ["seed=0", "seed=1"]
+        and (out / "comparison.png").stat().st_size > 10_000
+    )
+    for cell, run in result.runs.items():  # the table's numbers are the cells' own
+        row = result.table[result.table["cell"] == cell].iloc[0]
+        assert row["median_max_weight"] == run.summary["median_max_weight"]
+
+
 def test_a_failing_sweep_reports_counts_writes_everything_and_exits_nonzero(tmp_path, capfd):
     """Every init hits max_steps: one line by reason with a hint, all files, no LAPACK noise."""
     out = tmp_path / "fail"

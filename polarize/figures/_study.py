@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core._choices import PER_INIT, PROMPT_PER_INIT
-from ..measure._statistics import quantile
+from ..core._quantile import quantile
 from ._pyplot import fixed_layout, log_scale, pyplot
 from ._sweep import empty_figure, one_hot_fraction
 

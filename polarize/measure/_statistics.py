@@ -16,6 +16,7 @@ from jaxtyping import Array, Float
 
 from ..core._batching import blockwise, exact_matmuls
 from ..core._objectives import AbstractObjective
+from ..core._quantile import quantile
 from ..core._trajectory import Trajectory, ValuePath
 from ..core._weights import distribution, entropy
 from ..core.status import counts
@@ -267,23 +268,6 @@ def summarize(
     final["ok"] = np.asarray(traj.ok)
     final["status"] = np.asarray(traj.status)
     return Summary(np.asarray(traj.ts), ser, final, aggregate(final, threshold))
-
-
-def quantile(x, q: float) -> float | None:
-    """The q-quantile of x with linear interpolation, inf where it falls next to an inf.
-
-    (numpy gives NaN between two infs: here a level never reached by most
-    initializations has an infinite median, as it should.) None for an empty x.
-    """
-    x = np.asarray(x, dtype=float)
-    if x.size == 0:
-        return None
-    pos = q * (x.size - 1)
-    lo, hi = int(np.floor(pos)), int(np.ceil(pos))
-    x = np.partition(x, (lo, hi))  # the two order statistics only (NaN last, as in a sort)
-    if np.isinf(x[hi]) or lo == hi:
-        return float(x[hi] if lo != hi else x[lo])
-    return float(x[lo] + (pos - lo) * (x[hi] - x[lo]))
 
 
 def aggregate(final: dict, threshold: float = 0.9) -> dict:

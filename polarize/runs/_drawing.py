@@ -8,7 +8,9 @@ its first figure's fonts then cost a warm default sweep nothing, and the main pr
 never loads matplotlib. The figures are the same either way: the same functions read
 the same stored arrays (per_init.npz, series.npz). Where the figure process cannot
 draw (it failed to start, or died), the figures are drawn here instead, so a figure
-that cannot be drawn fails here, with its own error.
+that cannot be drawn fails here, with its own error. `polarize study` starts one too:
+it writes the study's table and comparison figure (`_study_output`) once the cells are
+done, with pandas loaded while they ran.
 """
 
 import json
@@ -16,39 +18,15 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Mapping
 from pathlib import Path
-
-import numpy as np
 
 from ..core._choices import cpu_threads
 from ..figures._pyplot import pyplot
 from ..figures._sweep import figure_list, sweep_figures
 from ._folder import stored_config
-
-
-class FigureArrays(Mapping):
-    """A finished sweep's arrays (the keys of `load_arrays`) for the figures, each read
-    from per_init.npz or series.npz at access and not kept: only the arrays a figure
-    is drawing are in memory."""
-
-    def __init__(self, out: Path):
-        self._per_init, self._series = Path(out) / "per_init.npz", Path(out) / "series.npz"
-        with np.load(self._per_init, allow_pickle=False) as a, np.load(self._series, allow_pickle=False) as b:
-            self._where = {k: (self._per_init, k) for k in a.files}
-            self._where["snap_ts"] = (self._series, "ts")
-            self._where.update({"series_" + k.removeprefix("snap_"): (self._series, k) for k in b.files})
-
-    def __getitem__(self, key):
-        path, name = self._where[key]
-        with np.load(path, allow_pickle=False) as z:
-            return z[name]
-
-    def __iter__(self):
-        return iter(self._where)
-
-    def __len__(self):
-        return len(self._where)
+from ._storage import FigureArrays, read_json
+from ._study_file import Study
+from ._study_output import finish_study
 
 
 def draw_here(config, out: Path, only=None) -> list[Path]:
@@ -85,16 +63,18 @@ def draw_in_two(config, out: Path) -> list[Path]:
 
 class FigureProcess:
     """A second Python, started now, that loads matplotlib and then waits to draw one
-    sweep folder's figures (`draw`). If it is never asked (an error, an interrupt), it
-    ends when this process closes it or ends itself (its input reaches end of file)."""
+    sweep folder's figures (`draw`), or to write one study's table and figure
+    (`finish_study`; `study=True` loads pandas for its table too). If it is never asked
+    (an error, an interrupt), it ends when this process closes it or ends itself (its
+    input reaches end of file)."""
 
-    def __init__(self):
+    def __init__(self, *, study: bool = False):
         root = str(Path(__file__).resolve().parents[2])  # this polarize, whatever sys.path says
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", __name__],
+                [sys.executable, "-m", __name__, *(["--study"] if study else [])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -104,18 +84,30 @@ class FigureProcess:
         except OSError:
             self._proc = None
 
+    def _ask(self, request: dict) -> list[Path] | None:
+        """The paths the figure process wrote for `request`, or None where it could not."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        try:
+            stdout, _ = proc.communicate(json.dumps(request) + "\n")
+            if proc.returncode == 0:
+                return [Path(p) for p in json.loads(stdout.splitlines()[-1])["paths"]]
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        return None
+
     def draw(self, config, out: Path) -> list[Path]:
         """The figures of the finished sweep in `out` (whose config is `config`), drawn by
         the figure process; by this one where that process cannot draw them."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
-                stdout, _ = proc.communicate(json.dumps({"sweep": str(out)}) + "\n")
-                if proc.returncode == 0:
-                    return [Path(p) for p in json.loads(stdout.splitlines()[-1])["paths"]]
-            except (OSError, ValueError, KeyError, IndexError):
-                pass
-        return draw_here(config, out)
+        paths = self._ask({"sweep": str(out)})
+        return draw_here(config, out) if paths is None else paths
+
+    def finish_study(self, study: Study, out: Path, failed: dict) -> list[Path]:
+        """study.csv and comparison.png of the study in `out` (`_study_output.finish_study`),
+        written by the figure process; by this one where that process cannot."""
+        paths = self._ask({"study": str(out), "failed": failed})
+        return finish_study(study, out, failed) if paths is None else paths
 
     def close(self) -> None:
         """Ends the figure process if it was not asked to draw."""
@@ -129,26 +121,35 @@ class FigureProcess:
             proc.communicate()
 
 
-def _serve() -> int:
+def _serve(study: bool) -> int:
     """The figure process: matplotlib and a first figure's fonts loaded while the sweep
-    runs, then the figures of the folder named on stdin (nothing if stdin just ends)."""
+    runs (and pandas, for a study's table), then the figures of the folder named on
+    stdin (nothing if stdin just ends)."""
     plt = pyplot()
     fig = plt.figure(figsize=(1, 1))
     fig.text(0.5, 0.5, "10\u207b\u00b3")
     fig.canvas.draw()
     plt.close(fig)
+    if study:
+        import pandas  # noqa: F401 - loaded now, while the study's cells run
+
     line = sys.stdin.readline()
     if not line.strip():
         return 0
-    out = Path(json.loads(line)["sweep"])
-    paths = draw_in_two(stored_config(out), out)
+    request = json.loads(line)
+    if "study" in request:
+        out = Path(request["study"])
+        paths = finish_study(Study.from_dict(read_json(out / "study.json")), out, request["failed"])
+    else:
+        out = Path(request["sweep"])
+        paths = draw_in_two(stored_config(out), out)
     print(json.dumps({"paths": [str(p) for p in paths]}))
     return 0
 
 
 if __name__ == "__main__":
     try:
-        code = _serve()
+        code = _serve(study="--study" in sys.argv[1:])
     except KeyboardInterrupt:
         code = 130
     except BaseException:  # noqa: BLE001 - said on stderr; the sweep's process draws instead

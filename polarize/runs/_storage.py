@@ -9,6 +9,7 @@ import math
 import os
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,27 @@ def read_npz(path) -> dict:
             return {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
         raise ValueError(f"corrupt or unreadable array file {path}: {e}") from e
+
+
+class FigureArrays(Mapping):
+    """A finished sweep's arrays (the keys of `load_arrays`) for the figures, each read
+    from per_init.npz or series.npz at access and not kept: only the arrays a figure
+    is drawing are in memory."""
+
+    def __init__(self, out: Path):
+        self._per_init, self._series = Path(out) / "per_init.npz", Path(out) / "series.npz"
+        with np.load(self._per_init, allow_pickle=False) as a, np.load(self._series, allow_pickle=False) as b:
+            self._where = {k: (self._per_init, k) for k in a.files}
+            self._where["snap_ts"] = (self._series, "ts")
+            self._where.update({"series_" + k.removeprefix("snap_"): (self._series, k) for k in b.files})
+
+    def __getitem__(self, key):
+        path, name = self._where[key]
+        with np.load(path, allow_pickle=False) as z:
+            return z[name]
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self):
+        return len(self._where)

@@ -42,21 +42,32 @@ from tqdm import tqdm
 from ..core._choices import cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
-from ..figures._study import plot_study as draw_study
 from ..solve._devices import barrier, programs_crowded, release_programs_if_crowded
+from ._drawing import FigureProcess
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
 from ._study_file import Study
+from ._study_output import finish_study
 from ._sweep import piece_size, run_sweep
 
 
-def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool = False) -> dict:
+def run_study(
+    study: Study,
+    out,
+    *,
+    progress: bool = False,
+    cell_figures: bool = False,
+    figures: FigureProcess | None = None,
+) -> dict:
     """Run (or continue) every cell under out/cells/, then write study.csv, summary.json, comparison.png.
 
     Returns the study's summary: {"cells", "failed_cells": {name: reason}}. A failing
     cell does not stop the others. Each cell's own four figures are drawn only with
     `cell_figures` (`polarize report OUT` draws them later from the stored results).
+    With a `FigureProcess` (started before JAX was imported), study.csv and
+    comparison.png are written by it (`_study_output`), and this process loads neither
+    pandas nor matplotlib.
     """
     out = Path(out)
     spec = out / "study.json"
@@ -70,11 +81,13 @@ def run_study(study: Study, out, *, progress: bool = False, cell_figures: bool =
         if jax.process_index() == 0:
             write_json(spec, study.to_dict())
         barrier("polarize-study-start")
-        return _run_cells(study, out, progress=progress, cell_figures=cell_figures)
+        return _run_cells(study, out, progress=progress, cell_figures=cell_figures, figures=figures)
 
 
-def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -> dict:
-    if jax.process_index() == 0:  # the figure's matplotlib (~0.4 s) loads while the cells run
+def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool, figures) -> dict:
+    if (
+        jax.process_index() == 0 and figures is None
+    ):  # the figure's matplotlib (~0.4 s) loads while the cells run
         threading.Thread(target=pyplot).start()
     errors, todo = {}, []
     for name, config in study.cells():
@@ -94,16 +107,20 @@ def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -
     result = {"cells": len(study.settings()), "failed_cells": failed}
     if jax.process_index() == 0:
         write_json(out / "summary.json", result)
-        write_table(study, out, failed)
-        plot_study(study, out)
+        if figures is None:
+            finish_study(study, out, failed)
+        else:
+            figures.finish_study(study, out, failed)
     return result
 
 
-def _run_cell(name: str, config, cell: Path, *, progress: bool, cell_figures: bool) -> str | None:
-    """Run (or resume) one cell's sweep: None, or why it failed."""
+def _run_cell(
+    name: str, config, cell: Path, *, progress: bool, cell_figures: bool, ready: threading.Event | None = None
+) -> str | None:
+    """Run (or resume) one cell's sweep: None, or why it failed. `ready`: see `run_sweep`."""
     try:
         resume = (cell / "config.json").exists()
-        run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures)
+        run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures, ready=ready)
     except PolarizeError as e:
         return str(e)
     finally:
@@ -125,16 +142,17 @@ def side_by_side(configs: list) -> int:
 def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
     """{name: why} of the cells of `todo` ([(name, config, folder)]) that failed.
 
-    Cells side by side (`side_by_side`) show one progress bar over cells; the first cell
-    runs alone, as it compiles (or loads) the program the others share, and then each
-    thread takes the next cell as soon as its own is done (in rounds, a thread waited for
-    the slower cell of each round, and the last round of an odd count ran alone)."""
+    Cells side by side (`side_by_side`) show one progress bar over cells. The first cell
+    starts alone, as it compiles (or loads) the program the others share; the others
+    start once it has (while it solves), and each thread takes the next cell as soon as
+    its own is done (in rounds, a thread waited for the slower cell of each round, and
+    the last round of an odd count ran alone)."""
     at_once = side_by_side([config for _, config, _ in todo])
     if at_once == 1 or len(todo) < 2:
         run = lambda item: _run_cell(*item, progress=progress, cell_figures=cell_figures)
         return {item[0]: why for item in todo if (why := run(item)) is not None}
     bar = tqdm(total=len(todo), unit="cell", desc="study") if progress else None
-    run = lambda item: _run_cell(*item, progress=False, cell_figures=cell_figures)
+    run = lambda item, ready=None: _run_cell(*item, progress=False, cell_figures=cell_figures, ready=ready)
     errors = {}
 
     def done(item, why):
@@ -143,10 +161,14 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
         if bar is not None:
             bar.update(1)
 
-    done(todo[0], run(todo[0]))
     pool = ThreadPoolExecutor(at_once)
-    pending, running = list(todo[1:]), {}
     try:
+        # the first cell alone until its program is there (or it ended without one)
+        ready = threading.Event()
+        first = pool.submit(run, todo[0], ready)
+        first.add_done_callback(lambda _: ready.set())
+        ready.wait()
+        pending, running = list(todo[1:]), {first: todo[0]}
         # a cell starts as soon as a thread is free; programs are freed (on this thread)
         # only with no cell running: past the mark, the running cells finish first
         while pending or running:
@@ -167,11 +189,6 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
     return errors
 
 
-def plot_study(study: Study, out: Path) -> Path:
-    """comparison.png across cells, from stored results only."""
-    return draw_study(study, _finished_runs(study, out), Path(out) / "comparison.png")
-
-
 def _json_roundtrip(d: dict) -> dict:
     return json.loads(json.dumps(d))
 
@@ -182,24 +199,6 @@ def _finished_runs(study: Study, out: Path) -> list[tuple[str, Run]]:
         if (out / "cells" / name / "summary.json").exists():
             runs.append((name, load_run(out / "cells" / name)))
     return runs
-
-
-def write_table(study: Study, out: Path, failed: dict):
-    """study.csv: one row per cell, its grid values, status, error and every summary number."""
-    import pandas as pd
-
-    runs = dict(_finished_runs(study, out))
-    rows = []
-    for name, setting in study.settings():
-        row = {"cell": name, **{k: setting[k] for k in study.grid}}
-        row["status"] = "failed" if name in failed else "ok"
-        row["error"] = failed.get(name, "")
-        if name in runs:  # the summary's numbers (not its per-chunk notes)
-            row.update({k: v for k, v in runs[name].summary.items() if not isinstance(v, dict | list)})
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    table.to_csv(out / "study.csv", index=False)
-    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +230,7 @@ def load_result(out) -> StudyResult:
 
     out = Path(out)
     spec = read_json(out / "study.json")
-    study = Study(**{**spec, "y": tuple(spec.get("y", ("max_weight",)))})
+    study = Study.from_dict(spec)
     if not (out / "study.csv").exists():
         raise PolarizeError(f"`dir` {out} holds an unfinished study (no study.csv); rerun it first")
     return StudyResult(out, study, pd.read_csv(out / "study.csv"), dict(_finished_runs(study, out)))

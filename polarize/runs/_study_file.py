@@ -46,6 +46,11 @@ class Study:
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "y": list(self.y)}
 
+    @classmethod
+    def from_dict(cls, spec: dict) -> "Study":
+        """The study of `to_dict` (a study folder's study.json)."""
+        return cls(**{**spec, "y": tuple(spec.get("y", ("max_weight",)))})
+
 
 def statistic_names(config: SweepConfig) -> list[str]:
     """The statistics a study can plot for cells with this config."""

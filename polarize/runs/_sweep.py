@@ -123,7 +123,9 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
     )
 
 
-def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> dict[str, np.ndarray]:
+def run_chunk(
+    config: SweepConfig, start: int, stop: int, *, devices=None, ready: threading.Event | None = None
+) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
     The chunk's blocks run a fixed number of initializations at a time for the whole
@@ -149,6 +151,8 @@ def run_chunk(config: SweepConfig, start: int, stop: int, *, devices=None) -> di
             out = _numerics().measure(config, model, objective, devices=devices)
         else:
             out = stored(model, objective)
+        if ready is not None:
+            ready.set()
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     starts = list(range(start, stop, size))
@@ -247,6 +251,7 @@ def run_sweep(
     devices=None,
     figures: bool | FigureProcess = True,
     force: bool = False,
+    ready: threading.Event | None = None,
 ) -> dict:
     """Run (or resume) a sweep in `out`; returns the summary (also in summary.json).
 
@@ -258,6 +263,8 @@ def run_sweep(
     `FigureProcess` (started before JAX was imported) draws them in its own process.
     A CPU sweep that will not fit in memory is refused with its estimate unless `force`
     (`check_memory`). `out` is locked while this process writes it (`_folder.FolderLock`).
+    `ready` (if given) is set once the sweep's program is compiled or loaded and its
+    first run is under way: a study then starts its other cells.
     """
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
@@ -286,11 +293,18 @@ def run_sweep(
                 write_json(out / "config.json", {"sweep": config.to_dict(), "versions": package_versions()})
         barrier("polarize-sweep-start")
         return _run_locked(
-            config, out, stack, progress=progress, sample=sample, devices=devices, figures=figures
+            config,
+            out,
+            stack,
+            progress=progress,
+            sample=sample,
+            devices=devices,
+            figures=figures,
+            ready=ready,
         )
 
 
-def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devices, figures) -> dict:
+def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devices, figures, ready) -> dict:
     """`run_sweep` once `out` is locked and holds the run's config.json."""
     ranges = chunks(config.inits, config.chunk_size)
     store = ChunkStore(out, ranges, REQUIRED, settings_hash(config))
@@ -317,7 +331,7 @@ def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devi
     with ThreadPoolExecutor(1) as writer:
         written = None
         for i in todo:
-            part = run_chunk(config, *ranges[i], devices=devices)
+            part = run_chunk(config, *ranges[i], devices=devices, ready=ready)
             if written is not None:
                 written.result()  # a failed write stops the sweep here
             written = writer.submit(finish, i, part)

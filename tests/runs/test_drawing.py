@@ -1,11 +1,12 @@
-"""A sweep's figures drawn by the figure process are the figures drawn here, and when that
-process cannot draw them they are drawn here, never lost."""
+"""A sweep's figures, and a study's table and figure, written by the figure process are
+those written here, and when that process cannot write them they are written here, never
+lost."""
 
 import shutil
 
 import pytest
 
-from polarize.runs import SweepConfig, run_sweep
+from polarize.runs import SweepConfig, load_study, run_study, run_sweep
 from polarize.runs._drawing import FigureProcess, draw_here
 
 NAMES = {"weights.png", "entropy_hist.png", "winners.png", "one_hot_fraction.png"}
@@ -67,3 +68,52 @@ def test_a_figure_process_never_asked_ends_when_closed():
     figures.close()
     assert proc.poll() == 0
     figures.close()  # twice is fine
+
+
+STUDY = """name = "drawn"
+[base]
+tokens = 3
+dim = 2
+inits = 8
+t1 = 100.0
+[grid]
+kappa = [1.0, 3.0]
+seed = [0, 1]
+[plot]
+x = "kappa"
+y = ["time_to_0.5", "max_weight"]
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory):
+    """A finished study folder (table and figure written here), its study and failed cells."""
+    folder = tmp_path_factory.mktemp("study")
+    (folder / "drawn.toml").write_text(STUDY)
+    study = load_study(folder / "drawn.toml")
+    result = run_study(study, folder / "study")
+    return study, folder / "study", result["failed_cells"]
+
+
+def test_the_figure_process_writes_the_study_table_and_figure_written_here(finished_study, tmp_path):
+    study, out, failed = finished_study
+    there = copy_of(out, tmp_path / "there")
+    for name in ("study.csv", "comparison.png"):
+        (there / name).unlink()
+    paths = FigureProcess(study=True).finish_study(study, there, failed)
+    assert paths == [there / "study.csv", there / "comparison.png"]
+    for name in ("study.csv", "comparison.png"):  # the same functions on the same stored files
+        assert (there / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_a_figure_process_that_died_leaves_the_study_table_and_figure_to_this_one(finished_study, tmp_path):
+    study, out, failed = finished_study
+    folder = copy_of(out, tmp_path / "study")
+    for name in ("study.csv", "comparison.png"):
+        (folder / name).unlink()
+    figures = FigureProcess(study=True)
+    figures._proc.kill()
+    figures._proc.wait()
+    assert figures.finish_study(study, folder, failed) == [folder / "study.csv", folder / "comparison.png"]
+    for name in ("study.csv", "comparison.png"):
+        assert (folder / name).read_bytes() == (out / name).read_bytes(), name
