@@ -133,6 +133,15 @@ def value_model(config, start: int, stop: int):
     )
 
 
+def value_stand_in(config, n: int):
+    """n initializations of `value_model`'s structure, shapes, dtype and normalization,
+    all zeros and without its draws: what a program is loaded (or traced) and compiled
+    on while the draws are computed (only those are read)."""
+    V, a = jnp.zeros((n, config.dim, config.tokens)), jnp.zeros((n, config.tokens))
+    scales = dict(v_scale=config.v_scale, a_scale=config.a_scale, a_offset=config.a_offset)
+    return scaled_ensemble(V, a, **scales, norm=norm(config))
+
+
 def prompt_model(config, start: int, stop: int):
     X, _, v = prompt_data(config)
     return init_prompts(

@@ -108,24 +108,41 @@ class StoredProgram:
     def __init__(self, make, name: str, settings: dict, folder: Path):
         self.make, self.name, self.settings, self.folder = make, name, settings, Path(folder)
         self._programs: dict = {}
+        self._compiled: dict = {}  # key -> its program compiled (`jax.stages.Compiled`)
         self._made = None  # `make`'s fn, once made
         self._lock = threading.Lock()
         #: what the last calls did: "loaded", "exported" or "rebuilt (reason)", for tests
         self.events: list[str] = []
 
     def __call__(self, *args):
+        program, leaves = self._ready(args)
+        if program is _NOT_EXPORTABLE:
+            return self._fn(*args)(*args)
+        return program(leaves)
+
+    def prepare(self, *args) -> None:
+        """Load (or trace and store) and compile the program for inputs of the structure,
+        shapes and dtypes of `args`, without running it: a later call on such inputs only
+        runs it. `args` may be a stand-in (zeros): their values are not read."""
+        self._ready(args)
+
+    def _ready(self, args):
+        """(the compiled program for inputs `args`, or `_NOT_EXPORTABLE`; their array leaves)."""
         dyn, static = eqx.partition(args, eqx.is_array)
         leaves, treedef = jax.tree.flatten(dyn)
         material = self._material(leaves, treedef, static)
         key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
         with self._lock:
-            program = self._programs.get(key)
-            if program is None:
-                program = self._load_or_export(key, material, treedef, static, leaves, args)
-                self._programs[key] = program
-        if program is _NOT_EXPORTABLE:
-            return self._fn(*args)(*args)
-        return program.call(leaves)
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                program = self._programs.get(key)
+                if program is None:
+                    program = self._load_or_export(key, material, treedef, static, leaves, args)
+                    self._programs[key] = program
+                if program is _NOT_EXPORTABLE:
+                    return program, leaves
+                compiled = self._compiled[key] = jax.jit(program.call).lower(leaves).compile()
+        return compiled, leaves
 
     def _fn(self, *args):
         if self._made is None:

@@ -88,6 +88,20 @@ def _bigger():
     return pz.init_ensemble(0, 32, tokens=4, dim=3), pz.random_direction(1, 3)
 
 
+def test_a_program_prepared_on_a_stand_in_serves_the_inputs_of_its_shapes(tmp_path):
+    # prepared (exported and compiled) on zeros of the inputs' shapes, without running:
+    # the call on the real inputs runs that program, and computes what tracing computes
+    model, objective = _problem()
+    zeros = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, (model, objective))
+    program = StoredProgram(make := _made(_loss_and_weights), "test", {}, tmp_path)
+    program.prepare(*zeros)
+    assert program.events == ["exported"] and make.calls == 1 and len(program._compiled) == 1
+    assert _same(program(model, objective), _loss_and_weights(model, objective))
+    assert program.events == ["exported"] and make.calls == 1 and len(program._compiled) == 1
+    program(*_bigger())  # other shapes: another program
+    assert len(program._compiled) == 2
+
+
 def test_a_program_that_cannot_be_exported_runs_traced_and_is_remembered(tmp_path):
     def checked(model, objective):  # eqx.error_if is a host callback: jax.export refuses it
         out = _loss_and_weights(model, objective)
@@ -128,11 +142,13 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
     monkeypatch.setattr(_sweep, "programs_dir", lambda: folder)
     _sweep._stored.cache_clear()
     for name in ("exported", "loaded"):
+        monkeypatch.setattr(_sweep, "_COMPILED", set())  # the first run: compiled on a stand-in
         pz.run_sweep(config, tmp_path / name)
         decision = _sweep._DECIDED[(config.resolved(), folder)]
         assert decision == ["Tsit5", clock]
         program = _sweep._stored(config.resolved().program(), tuple(decision), folder)
-        assert program.events == [name]
+        # the stand-in's program is the one the drawn model ran (one program compiled)
+        assert program.events == [name] and len(program._compiled) == 1
         _sweep._stored.cache_clear()  # as in a new process
         _sweep._DECIDED.clear()
     monkeypatch.setattr(_sweep, "programs_dir", lambda: None)
