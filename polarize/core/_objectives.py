@@ -225,13 +225,19 @@ def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: flo
     kappa = check_positive("kappa", kappa)
     if kappa < 1:
         raise PolarizeError(f"`kappa` must be >= 1 (a condition number); got {kappa!r}")
-    kg, ky = jax.random.split(as_key(key))
+    return Square(*regression_data(as_key(key), n, dim, kappa))
+
+
+def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, Array]:
+    """(X, y) of `conditioned_regression`, unchecked: op by op there, one program where a
+    sweep stores it (`runs._build`; kappa traced or not, the same bits)."""
+    kg, ky = jax.random.split(key)
     G = jax.random.normal(kg, (n, dim))
     U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
     sv = jnp.linspace(1.0, 1.0 / kappa, min(n, dim))
     X = (U * sv[None, :]) @ Wt
     y = jax.random.normal(ky, (n,))
-    return Square(X, y)
+    return X, y
 
 
 def random_labels(key: PRNGKeyArray | int, n: int, dim: int) -> LogisticData:

@@ -19,10 +19,12 @@ from ..core._normalizations import AbstractNormalization, normalization
 from ..core._objectives import (
     AbstractObjective,
     LogisticDirection,
+    Square,
     conditioned_regression,
     peaked_distribution,
     random_direction,
     random_labels,
+    regression_data,
 )
 from ..core._prompt import LogisticLabels, SquareLabels, init_prompts, prompt_task
 from ..core._times import save_steps, save_times
@@ -87,6 +89,20 @@ def _direction_program(dim: int, folder: Path) -> StoredProgram:
     return StoredProgram(lambda *_: draw, "runs._build.direction", {"dim": dim}, folder)
 
 
+def _regression(config) -> Square:
+    """`OBJECTIVES["square"]`: `conditioned_regression(stream(seed, 2), samples, dim, kappa)`
+    (op by op, its lowering and a dozen small programs were ~0.3 s of a warm study's first
+    cell; here kappa is an argument, so a grid over kappa runs one program)."""
+    program = _regression_program(config.samples or config.dim, config.dim, programs_dir())
+    return Square(*program(np.asarray(config.seed, np.int64), np.asarray(config.kappa, np.float64)))
+
+
+@functools.lru_cache(maxsize=8)
+def _regression_program(n: int, dim: int, folder: Path) -> StoredProgram:
+    draw = lambda seed, kappa: regression_data(_stream(seed, np.uint32(2)), n, dim, kappa)
+    return StoredProgram(lambda *_: draw, "runs._build.regression", {"n": n, "dim": dim}, folder)
+
+
 def norm(config) -> AbstractNormalization:
     options = {"softmax": {"temperature": config.temperature}, "softmax1": {"sink": config.sink}}
     return normalization(config.norm, **options.get(config.norm, {}))
@@ -97,6 +113,8 @@ def objective(config) -> AbstractObjective:
         return PROMPT_OBJECTIVES[config.objective](prompt_data(config)[1])
     if config.objective == "logistic" and programs_dir() is not None:
         return _direction(config)
+    if config.objective == "square" and programs_dir() is not None:
+        return _regression(config)
     return OBJECTIVES[config.objective](stream(config.seed, 2), config)
 
 

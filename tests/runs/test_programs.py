@@ -237,3 +237,28 @@ def test_a_sweeps_draws_from_stored_programs_are_the_drawn_ones(tmp_path, monkey
         assert {tuple(_build._normals_program(n, 5, 3, "float64", tmp_path).events) for n in (16, 32)} == {
             tuple(events)
         }
+
+
+def test_a_square_sweeps_data_from_its_stored_program_is_conditioned_regressions(tmp_path, monkeypatch):
+    # where the compile cache is on, a square sweep's (X, y) come from one stored program
+    # with kappa an argument (exported, then loaded): the bits of `conditioned_regression`
+    from polarize.runs import _build
+
+    configs = [
+        pz.SweepConfig(objective="square", tokens=4, dim=dim, samples=samples, kappa=kappa, seed=seed)
+        for dim, samples, kappa, seed in ((5, 8, 1.0, 0), (5, 8, 3.7, 2), (5, 8, 10.0, 1), (3, None, 2.0, 4))
+    ]
+    expected = [
+        pz.conditioned_regression(_build.stream(c.seed, 2), c.samples or c.dim, c.dim, c.kappa)
+        for c in configs
+    ]
+    monkeypatch.setattr(_build, "programs_dir", lambda: tmp_path)
+    for events in (["exported"], ["loaded"]):
+        _build._regression_program.cache_clear()  # a new process
+        for config, want in zip(configs, expected, strict=True):
+            got = config.build_objective()
+            assert type(got) is type(want)
+            np.testing.assert_array_equal(got.X, want.X)
+            np.testing.assert_array_equal(got.y, want.y)
+        assert _build._regression_program(8, 5, tmp_path).events == events  # one program for three kappas
+        assert _build._regression_program(3, 3, tmp_path).events == events
