@@ -14,7 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._models import AbstractModel, first_index, init_ensemble, scaled_ensemble, standard_normals
+from ..core._models import (
+    AbstractModel,
+    ValueAttention,
+    first_index,
+    init_ensemble,
+    scaled_ensemble,
+    standard_normals,
+)
 from ..core._normalizations import AbstractNormalization, normalization
 from ..core._objectives import (
     AbstractObjective,
@@ -151,13 +158,15 @@ def value_model(config, start: int, stop: int):
     )
 
 
-def value_stand_in(config, n: int):
+def value_stand_in(config, n: int) -> ValueAttention:
     """n initializations of `value_model`'s structure, shapes, dtype and normalization,
     all zeros and without its draws: what a program is loaded (or traced) and compiled
-    on while the draws are computed (only those are read)."""
-    V, a = jnp.zeros((n, config.dim, config.tokens)), jnp.zeros((n, config.tokens))
-    scales = dict(v_scale=config.v_scale, a_scale=config.a_scale, a_offset=config.a_offset)
-    return scaled_ensemble(V, a, **scales, norm=norm(config))
+    on while the draws are computed (only those are read). Put from host memory, with no
+    program of its own to compile or load."""
+    zeros = lambda *shape: jax.device_put(np.zeros(shape, jnp.result_type(float)))
+    return ValueAttention(
+        zeros(n, config.dim, config.tokens), zeros(n, config.tokens), normalization(norm(config))
+    )
 
 
 def prompt_model(config, start: int, stop: int):
