@@ -72,6 +72,7 @@ def test_a_figure_process_never_asked_ends_when_closed():
 
 STUDY = """name = "drawn"
 [base]
+objective = "square"
 tokens = 3
 dim = 2
 inits = 8
