@@ -1,17 +1,9 @@
-import os
-
-# XLA's older CPU emitters compile the flow and descent programs about a third faster
-# and give the same numbers bit for bit (benchmarks/same_numbers.py under this flag:
-# 94 arrays identical, AMD 2-core); the suite is mostly XLA compiling.
-os.environ["XLA_FLAGS"] = " ".join(
-    filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"])
-)
-
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+import os  # noqa: E402
 
 # Tests never write the CLI's persistent compilation cache into the user's home.
 os.environ.setdefault("POLARIZE_NO_CACHE", "1")
