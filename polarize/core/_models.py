@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._errors import PolarizeError, check_positive
+from ._host_draws import host_drawable, host_normals
 from ._normalizations import AbstractNormalization, Softmax, normalization
 from ._refuse import refuse_if
 
@@ -223,10 +224,20 @@ def _on_cpu(x) -> bool:
     return not isinstance(x, jax.core.Tracer) and all(d.platform == "cpu" for d in x.devices())
 
 
-@functools.partial(jax.jit, static_argnames=("n", "shape", "dtype"))
 def standard_normals(key, start, *, n, shape, dtype):
-    """The N(0, 1) draws of initializations start .. start + n - 1, as one program (drawn
-    op by op they cost ~5 ms per 1024 initializations)."""
+    """The N(0, 1) draws of initializations start .. start + n - 1: (V of shape (n, *shape),
+    a of shape (n, *shape[1:])), initialization i from the keys split off fold_in(key, i).
+    A few initializations on the CPU are hashed on the host (`_host_draws`: the same bits,
+    without the 0.7 s compile of the jitted draw); the rest are one program."""
+    if host_drawable(key, start, n, shape, dtype):
+        return host_normals(key, start, n=n, shape=shape, dtype=dtype)
+    return _jitted_normals(key, start, n=n, shape=shape, dtype=dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "shape", "dtype"))
+def _jitted_normals(key, start, *, n, shape, dtype):
+    """`standard_normals` as one program (drawn op by op they cost ~5 ms per 1024
+    initializations)."""
 
     def one(k):
         kv, ka = jax.random.split(k)

@@ -220,12 +220,24 @@ def test_a_warm_sweep_runs_its_stored_program_without_loading_the_solvers(tmp_pa
 def test_a_sweeps_draws_from_stored_programs_are_the_drawn_ones(tmp_path, monkeypatch):
     # where the compile cache is on, the model's normals and the logistic direction come
     # from stored programs (exported, then loaded): the bits of init_ensemble and random_direction
+    from polarize.core import _host_draws
     from polarize.runs import _build
 
     config = pz.SweepConfig(tokens=5, dim=3, seed=7, v_scale=0.3, a_scale=0.2, a_offset=-0.1)
     pieces = [(0, 16), (16, 48), (40, 56)]
+    host_max = _host_draws.HOST_MAX_HASHES
+    monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", 0)  # jax.random's own draws
     expected = [config.build_model(*p) for p in pieces], config.build_objective()
+    monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", host_max)
     monkeypatch.setattr(_build, "programs_dir", lambda: tmp_path)
+    # drawn on the host where that is cheaper (a sweep of a few inits): the same bits
+    host = [config.build_model(*p) for p in pieces], config.build_objective()
+    assert _build._direction_program(3, tmp_path).events == []  # no program ran
+    for model, want in zip(host[0], expected[0], strict=True):
+        for name in ("V", "a"):
+            np.testing.assert_array_equal(getattr(model, name), getattr(want, name))
+    np.testing.assert_array_equal(host[1].b, expected[1].b)
+    monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", 0)  # a sweep too large for the host
     for events in (["exported"], ["loaded"]):
         _build._normals_program.cache_clear(), _build._direction_program.cache_clear()  # a new process
         got = [config.build_model(*p) for p in pieces], config.build_objective()

@@ -1,0 +1,133 @@
+"""`jax.random.normal`'s draws of a few initializations, their random bits hashed on the host.
+
+JAX's Threefry-2x32 compiles on CPU as a loop of 20 rounds per hash: the program that
+draws an ensemble took 0.7 s to compile, most of a notebook's first `init_ensemble`,
+to make about 20 ms of numbers. The hash is integer arithmetic (additions modulo 2^32,
+rotations, xors), so numpy computes the same bits exactly; the map from bits to a
+uniform number is exact too (a mantissa fill, a subtraction of 1, a doubling and one
+rounded addition); only the inverse error function stays in JAX, as the same
+operations `jax.random.normal` applies (one small program for every shape).
+
+`host_normals` gives the N(0, 1) draws of `standard_normals` bit for bit (the tests
+compare them with `jax.random` over many keys, shapes and both dtypes); it covers
+JAX's default, "partitionable" Threefry and float32 or float64, and is used where the
+hashing costs less than a compile (`HOST_MAX_HASHES`).
+"""
+
+import jax
+import numpy as np
+from jax import lax
+
+#: Draws of at most this many Threefry hashes (one per number, plus three per init for its
+#: keys) are hashed on the host: about 10 ms per 10^5 hashes there, against the 0.7 s
+#: compile of the jitted draw that a larger ensemble amortizes.
+HOST_MAX_HASHES = 2**18
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = np.uint32(0x1BD11BDA)
+
+
+def host_drawable(key, start, n: int, shape: tuple, dtype) -> bool:
+    """Whether `host_normals` reproduces these draws and is the cheaper way to them
+    (`key` a JAX key, or None for key data of Threefry by construction)."""
+    if any(isinstance(x, jax.core.Tracer) for x in (key, start)):
+        return False
+    threefry = key is None or str(jax.random.key_impl(key)) == "threefry2x32"
+    return threefry and host_cheaper(n * (int(np.prod(shape)) + int(np.prod(shape[1:])) + 3), dtype)
+
+
+def host_cheaper(hashes: int, dtype) -> bool:
+    """Whether `hashes` Threefry hashes of numbers of `dtype` are drawn on the host."""
+    return (
+        hashes <= HOST_MAX_HASHES
+        and jax.default_backend() == "cpu"
+        and bool(jax.config.jax_threefry_partitionable)
+        and np.dtype(dtype) in (np.float32, np.float64)
+    )
+
+
+def threefry2x32(k1, k2, x1, x2):
+    """The Threefry-2x32 hash (20 rounds) of counters (x1, x2) under keys (k1, k2), as JAX's."""
+    with np.errstate(over="ignore"):
+        ks = (k1, k2, k1 ^ k2 ^ _PARITY)
+        x1, x2 = x1 + ks[0], x2 + ks[1]
+        for i in range(5):
+            for r in _ROTATIONS[i % 2]:
+                x1 = x1 + x2
+                x2 = (x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))
+                x2 = x1 ^ x2
+            x1 = x1 + ks[(i + 1) % 3]
+            x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+    return x1, x2
+
+
+def host_normals(key, start, *, n: int, shape: tuple, dtype) -> tuple:
+    """`standard_normals(key, start, n=n, shape=shape, dtype=dtype)`: (V, a) of shapes
+    (n, *shape) and (n, *shape[1:]), the draws of initializations start .. start + n - 1.
+    `key`: a JAX key or its data (two uint32)."""
+    k = _data(key)
+    index = np.asarray(start, np.uint32) + np.arange(n, dtype=np.uint32)
+    # key_i = fold_in(key, start + i): the hash of the counter (0, start + i)
+    k1, k2 = threefry2x32(k[0], k[1], np.zeros(n, np.uint32), index)
+    # split(key_i) -> (kv, ka): the hashes of the counters (0, 0) and (0, 1)
+    zero, one = np.zeros(n, np.uint32), np.ones(n, np.uint32)
+    kv, ka = threefry2x32(k1, k2, zero, zero), threefry2x32(k1, k2, zero, one)
+    sizes = (int(np.prod(shape)), int(np.prod(shape[1:])))
+    bits = [_bits(key, size, dtype) for key, size in zip((kv, ka), sizes)]
+    z = np.asarray(_inverse_erf(_uniform(np.concatenate([b.ravel() for b in bits]), dtype)))
+    V, a = z[: n * sizes[0]], z[n * sizes[0] :]
+    return jax.numpy.asarray(V.reshape(n, *shape)), jax.numpy.asarray(a.reshape(n, *shape[1:]))
+
+
+def host_normal(key, shape: tuple, dtype):
+    """`jax.random.normal(key, shape, dtype)` (`key` a JAX key or its data)."""
+    k = _data(key)
+    bits = _bits((k[:1], k[1:]), int(np.prod(shape)), dtype)
+    return jax.numpy.asarray(np.asarray(_inverse_erf(_uniform(bits.ravel(), dtype))).reshape(shape))
+
+
+def host_stream(seed: int, i: int) -> np.ndarray:
+    """The data of fold_in(jax.random.key(seed), i) for a seed in [0, 2^31): key(seed) is
+    the counter-free key (0, seed), folding in i hashes the counter (0, i)."""
+    if not 0 <= seed < 2**31:
+        raise ValueError(f"host_stream: seed {seed} is outside [0, 2^31)")
+    zero = np.zeros(1, np.uint32)
+    k1, k2 = threefry2x32(np.uint32(0), np.uint32(seed), zero, np.full(1, i, np.uint32))
+    return np.concatenate([k1, k2])
+
+
+def _data(key) -> np.ndarray:
+    if isinstance(key, np.ndarray) and key.dtype == np.uint32:
+        return key
+    return np.asarray(jax.random.key_data(key), np.uint32)
+
+
+def _bits(key, size: int, dtype):
+    """`jax.random.bits` of `size` numbers per key (keys (k1, k2) of shape (n,)), as the
+    uint of `dtype`'s width: counter j is (0, j); 64 bits are hi << 32 | lo, 32 are hi ^ lo."""
+    k1, k2 = key
+    counts = np.broadcast_to(np.arange(size, dtype=np.uint32), (k1.shape[0], size))
+    hi, lo = threefry2x32(k1[:, None], k2[:, None], np.zeros_like(counts), counts)
+    if np.dtype(dtype).itemsize == 8:
+        return (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
+    return hi ^ lo
+
+
+def _uniform(bits, dtype):
+    """`jax.random.uniform(minval=nextafter(-1, 0), maxval=1)` of these bits: the mantissa
+    filled with the top bits (a number in [1, 2)), minus 1, times (maxval - minval) = 2
+    (exact), plus minval (one rounding, as XLA's)."""
+    dtype = np.dtype(dtype)
+    info = np.finfo(dtype)
+    uint = bits.dtype.type
+    lo = np.nextafter(dtype.type(-1.0), dtype.type(0.0))
+    width = dtype.type(1.0) - lo  # 2 - ulp rounds to 2 in `dtype`, as in XLA
+    filled = (bits >> uint(info.bits - info.nmant)) | np.array(1.0, dtype).view(bits.dtype)
+    floats = filled.view(dtype) - dtype.type(1.0)
+    return np.maximum(lo, floats * width + lo)
+
+
+@jax.jit
+def _inverse_erf(u):
+    """sqrt(2) erfinv(u), as `jax.random.normal` computes it."""
+    return lax.mul(np.array(np.sqrt(2), u.dtype), lax.erf_inv(u))
