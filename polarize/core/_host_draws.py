@@ -86,6 +86,47 @@ def host_normal(key, shape: tuple, dtype):
     return jax.numpy.asarray(np.asarray(_inverse_erf(_uniform(bits.ravel(), dtype))).reshape(shape))
 
 
+def seed_or_key(key):
+    """`key` for `normal` and `split`: an int seed in [0, 2^31) as the data of
+    `jax.random.key(seed)` (the counter-free key (0, seed)), anything else unchanged."""
+    if isinstance(key, int | np.integer) and not isinstance(key, bool) and 0 <= key < 2**31:
+        return np.array([0, key], np.uint32)
+    return key
+
+
+def _hostable(key) -> bool:
+    """Whether `key` is the data of a Threefry key (uint32 numpy) or a concrete Threefry JAX key."""
+    if isinstance(key, np.ndarray):
+        return key.dtype == np.uint32 and key.shape == (2,)
+    if isinstance(key, jax.core.Tracer) or not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return False
+    return key.shape == () and str(jax.random.key_impl(key)) == "threefry2x32"
+
+
+def _as_jax_key(key):
+    return jax.random.wrap_key_data(key) if isinstance(key, np.ndarray) else key
+
+
+def normal(key, shape: tuple, dtype=None):
+    """`jax.random.normal(key, shape, dtype)`, hashed on the host where that gives the same
+    bits and is cheaper (`host_cheaper`). `key`: a JAX key, or key data from `seed_or_key`
+    or `split`."""
+    dtype = np.dtype(dtype or jax.numpy.result_type(float))
+    if _hostable(key) and host_cheaper(int(np.prod(shape)), dtype):
+        return host_normal(key, shape, dtype)
+    return jax.random.normal(_as_jax_key(key), shape, dtype)
+
+
+def split(key, num: int = 2) -> list:
+    """`jax.random.split(key, num)` as a list of keys: on the host (key data, the hashes of
+    the counters (0, i)) where `normal` would draw on the host, else JAX keys."""
+    if _hostable(key) and host_cheaper(num, np.float64):
+        k = _data(key)
+        k1, k2 = threefry2x32(k[0], k[1], np.zeros(num, np.uint32), np.arange(num, dtype=np.uint32))
+        return [np.array([a, b], np.uint32) for a, b in zip(k1, k2)]
+    return list(jax.random.split(_as_jax_key(key), num))
+
+
 def host_stream(seed: int, i: int) -> np.ndarray:
     """The data of fold_in(jax.random.key(seed), i) for a seed in [0, 2^31): key(seed) is
     the counter-free key (0, seed), folding in i hashes the counter (0, i)."""

@@ -10,9 +10,11 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._errors import PolarizeError, check_positive
+from ._host_draws import normal, seed_or_key, split
 from ._models import as_key, finite
 from ._refuse import refuse_if
 
@@ -211,7 +213,13 @@ def _check_data_shapes(X, y) -> None:
 def random_direction(key: PRNGKeyArray | int, dim: int) -> LogisticDirection:
     """LogisticDirection along b ~ N(0, I_dim) / |.|."""
     dim = check_positive("dim", dim, integer=True)
-    return LogisticDirection(jax.random.normal(as_key(key), (dim,)))
+    return LogisticDirection(normal(_key(key), (dim,)))
+
+
+def _key(key):
+    """An int seed as key data (drawn on the host where that is cheaper), a key as a key."""
+    key = seed_or_key(key)
+    return key if isinstance(key, np.ndarray) else as_key(key)
 
 
 def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: float) -> Square:
@@ -225,18 +233,18 @@ def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: flo
     kappa = check_positive("kappa", kappa)
     if kappa < 1:
         raise PolarizeError(f"`kappa` must be >= 1 (a condition number); got {kappa!r}")
-    return Square(*regression_data(as_key(key), n, dim, kappa))
+    return Square(*regression_data(_key(key), n, dim, kappa))
 
 
 def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, Array]:
     """(X, y) of `conditioned_regression`, unchecked: op by op there, one program where a
     sweep stores it (`runs._build`; kappa traced or not, the same bits)."""
-    kg, ky = jax.random.split(key)
-    G = jax.random.normal(kg, (n, dim))
+    kg, ky = split(key)
+    G = normal(kg, (n, dim))
     U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
     sv = jnp.linspace(1.0, 1.0 / kappa, min(n, dim))
     X = (U * sv[None, :]) @ Wt
-    y = jax.random.normal(ky, (n,))
+    y = normal(ky, (n,))
     return X, y
 
 
@@ -244,9 +252,9 @@ def random_labels(key: PRNGKeyArray | int, n: int, dim: int) -> LogisticData:
     """LogisticData with Gaussian inputs labelled by a random teacher: y = sign(<w, x>)."""
     n = check_positive("n", n, integer=True)
     dim = check_positive("dim", dim, integer=True)
-    kx, kw = jax.random.split(as_key(key))
-    X = jax.random.normal(kx, (n, dim))
-    y = jnp.where(X @ jax.random.normal(kw, (dim,)) >= 0, 1.0, -1.0)
+    kx, kw = split(_key(key))
+    X = normal(kx, (n, dim))
+    y = jnp.where(X @ normal(kw, (dim,)) >= 0, 1.0, -1.0)
     return LogisticData(X, y)
 
 

@@ -62,3 +62,39 @@ def test_init_ensemble_is_the_same_drawn_on_the_host_traced_or_large(monkeypatch
     big = pz.init_ensemble(3, 50, tokens=6, dim=4, a_scale=0.5, start=9)
     np.testing.assert_array_equal(big.V, host.V)
     np.testing.assert_array_equal(big.a, host.a)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_objectives_drawn_on_the_host_are_jax_randoms(dtype, monkeypatch):
+    # random_direction, conditioned_regression and random_labels from an int seed or a key,
+    # built with the host's draws and with jax.random's (the host path switched off), in
+    # float64 and, with x64 off, float32; and the direction's draw against jax.random itself
+    host_max = _host_draws.HOST_MAX_HASHES
+    build = lambda seed: (
+        pz.random_direction(seed, 7),
+        pz.conditioned_regression(seed, 9, 4, 3.0),
+        pz.random_labels(seed, 9, 4),
+    )
+    with jax.enable_x64(dtype == "float64"):
+        for seed in (0, 5, 2**31 - 1, jax.random.key(11)):
+            monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", host_max)
+            drawn = build(seed)
+            key = jax.random.key(seed) if isinstance(seed, int) else seed
+            host = _host_draws.normal(_host_draws.seed_or_key(seed), (7,))
+            np.testing.assert_array_equal(host, jax.random.normal(key, (7,)))
+            monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", 0)
+            want = build(seed)
+            assert drawn[0].b.dtype == np.dtype(dtype)
+            for got, ref in zip(drawn, want, strict=True):
+                for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+                    np.testing.assert_array_equal(g, w)
+
+
+def test_keys_outside_the_host_path_are_drawn_by_jax(monkeypatch):
+    # negative or large seeds and traced keys take jax.random's own path
+    assert _host_draws.seed_or_key(-1) == -1 and _host_draws.seed_or_key(2**31) == 2**31
+    traced = jax.jit(lambda k: _host_draws.normal(k, (3,)))(jax.random.key(4))
+    np.testing.assert_array_equal(traced, jax.random.normal(jax.random.key(4), (3,)))
+    for seed in (-3, 2**40):
+        want = jax.random.normal(jax.random.key(seed), (5,))
+        np.testing.assert_array_equal(pz.random_direction(seed, 5).b, want / jnp.linalg.norm(want))
