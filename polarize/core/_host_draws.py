@@ -30,10 +30,9 @@ _PARITY = np.uint32(0x1BD11BDA)
 def host_drawable(key, start, n: int, shape: tuple, dtype) -> bool:
     """Whether `host_normals` reproduces these draws and is the cheaper way to them
     (`key` a JAX key, or None for key data of Threefry by construction)."""
-    if any(isinstance(x, jax.core.Tracer) for x in (key, start)):
+    if isinstance(start, jax.core.Tracer) or not (key is None or _hostable(key)):
         return False
-    threefry = key is None or str(jax.random.key_impl(key)) == "threefry2x32"
-    return threefry and host_cheaper(n * (int(np.prod(shape)) + int(np.prod(shape[1:])) + 3), dtype)
+    return host_cheaper(n * (int(np.prod(shape)) + int(np.prod(shape[1:])) + 3), dtype)
 
 
 def host_cheaper(hashes: int, dtype) -> bool:
@@ -43,6 +42,17 @@ def host_cheaper(hashes: int, dtype) -> bool:
         and jax.default_backend() == "cpu"
         and bool(jax.config.jax_threefry_partitionable)
         and np.dtype(dtype) in (np.float32, np.float64)
+    )
+
+
+def host_seed(seed) -> bool:
+    """Whether the keys of `jax.random.key(seed)` are derived on the host: an int seed in
+    [0, 2^31) under JAX's default Threefry implementation, whose key is then (0, seed)."""
+    return (
+        isinstance(seed, int | np.integer)
+        and not isinstance(seed, bool)
+        and 0 <= seed < 2**31
+        and str(jax.config.jax_default_prng_impl) == "threefry2x32"
     )
 
 
@@ -87,11 +97,9 @@ def host_normal(key, shape: tuple, dtype):
 
 
 def seed_or_key(key):
-    """`key` for `normal` and `split`: an int seed in [0, 2^31) as the data of
+    """`key` for `normal` and `split`: a seed the host derives (`host_seed`) as the data of
     `jax.random.key(seed)` (the counter-free key (0, seed)), anything else unchanged."""
-    if isinstance(key, int | np.integer) and not isinstance(key, bool) and 0 <= key < 2**31:
-        return np.array([0, key], np.uint32)
-    return key
+    return np.array([0, key], np.uint32) if host_seed(key) else key
 
 
 def _hostable(key) -> bool:
@@ -104,7 +112,8 @@ def _hostable(key) -> bool:
 
 
 def _as_jax_key(key):
-    return jax.random.wrap_key_data(key) if isinstance(key, np.ndarray) else key
+    """A JAX key of key data (Threefry's, by construction), a key unchanged."""
+    return jax.random.wrap_key_data(key, impl="threefry2x32") if isinstance(key, np.ndarray) else key
 
 
 def normal(key, shape: tuple, dtype=None):
@@ -130,8 +139,8 @@ def split(key, num: int = 2) -> list:
 def host_stream(seed: int, i: int) -> np.ndarray:
     """The data of fold_in(jax.random.key(seed), i) for a seed in [0, 2^31): key(seed) is
     the counter-free key (0, seed), folding in i hashes the counter (0, i)."""
-    if not 0 <= seed < 2**31:
-        raise ValueError(f"host_stream: seed {seed} is outside [0, 2^31)")
+    if not host_seed(seed):
+        raise ValueError(f"host_stream: seed {seed} is not one the host derives (`host_seed`)")
     zero = np.zeros(1, np.uint32)
     k1, k2 = threefry2x32(np.uint32(0), np.uint32(seed), zero, np.full(1, i, np.uint32))
     return np.concatenate([k1, k2])

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._host_draws import host_cheaper, host_drawable, host_normal, host_normals, host_stream
+from ..core._host_draws import host_cheaper, host_drawable, host_normal, host_normals, host_seed, host_stream
 from ..core._models import (
     AbstractModel,
     ValueAttention,
@@ -72,16 +72,11 @@ def _normals(config, start: int, n: int) -> tuple:
     on the host where that is cheaper (`core._host_draws`), else a stored program."""
     start = first_index(start, n)
     dtype, shape = str(jnp.result_type(float)), (config.dim, config.tokens)
-    if _host_seed(config.seed) and host_drawable(None, start, n, shape, dtype):
+    if host_seed(config.seed) and host_drawable(None, start, n, shape, dtype):
         return host_normals(host_stream(config.seed, 1), start, n=n, shape=shape, dtype=dtype)
     return _normals_program(n, config.tokens, config.dim, dtype, programs_dir())(
         np.asarray(config.seed, np.int64), np.asarray(start, np.uint32)
     )
-
-
-def _host_seed(seed: int) -> bool:
-    """Whether `host_stream` derives the keys of this seed (as `stream` would)."""
-    return 0 <= seed < 2**31
 
 
 @functools.lru_cache(maxsize=8)
@@ -95,7 +90,7 @@ def _normals_program(n: int, tokens: int, dim: int, dtype: str, folder: Path) ->
 
 def _direction(config) -> LogisticDirection:
     """`OBJECTIVES["logistic"]`: `random_direction(stream(seed, 2), dim)`."""
-    if _host_seed(config.seed) and host_cheaper(config.dim, jnp.result_type(float)):
+    if host_seed(config.seed) and host_cheaper(config.dim, jnp.result_type(float)):
         return LogisticDirection(
             host_normal(host_stream(config.seed, 2), (config.dim,), jnp.result_type(float))
         )

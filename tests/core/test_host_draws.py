@@ -98,3 +98,20 @@ def test_keys_outside_the_host_path_are_drawn_by_jax(monkeypatch):
     for seed in (-3, 2**40):
         want = jax.random.normal(jax.random.key(seed), (5,))
         np.testing.assert_array_equal(pz.random_direction(seed, 5).b, want / jnp.linalg.norm(want))
+
+
+def test_another_default_prng_is_never_drawn_on_the_host():
+    # an int seed is Threefry key data on the host only under JAX's default Threefry:
+    # with another default implementation the objectives are jax.random's draws of its keys
+    jax.config.update("jax_default_prng_impl", "rbg")
+    try:
+        assert not _host_draws.host_seed(3)
+        b = jax.random.normal(jax.random.key(3), (5,))
+        np.testing.assert_array_equal(pz.random_direction(3, 5).b, pz.LogisticDirection(b).b)
+        kx, kw = jax.random.split(jax.random.key(4))
+        X = jax.random.normal(kx, (6, 3))
+        labels = pz.random_labels(4, 6, 3)
+        np.testing.assert_array_equal(labels.X, X)
+        np.testing.assert_array_equal(labels.y, jnp.where(X @ jax.random.normal(kw, (3,)) >= 0, 1.0, -1.0))
+    finally:
+        jax.config.update("jax_default_prng_impl", "threefry2x32")
