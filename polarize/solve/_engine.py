@@ -37,7 +37,6 @@ import equinox.internal as eqxi
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..core import status as codes
@@ -265,12 +264,6 @@ class _State(eqx.Module):
 #: ones with it first, where XLA's batched matrix products are faster (measured).
 SOA_MAX_STATE = 32
 
-#: States of at most this many numbers per init run the tableau's stages as a loop (the
-#: vector field compiled once, not once per stage: the toy's flow program compiled in
-#: 1.0 s instead of 1.6 s, and stepped as fast); larger ones write the stages out, where
-#: the loop's stage buffer made a step ~15% slower (square loss, T = d = 12 and 20).
-ROLL_MAX_STATE = 128
-
 
 def _lastaxis(fn, axis=-1):
     """`fn` of one initialization, vmapped over the block's inits axis."""
@@ -338,7 +331,6 @@ def _batched_solver(
         max_steps=options.max_steps,
         kind=kind,
         axis=-1 if state_size <= SOA_MAX_STATE else 0,
-        rolled=state_size <= ROLL_MAX_STATE,
     )
     saves = _SaveEnds(problem) if options.ends_only else _SaveTimes(problem, ts)
     hits = None if crossings is None else _Crossings(problem, crossings)
@@ -368,7 +360,6 @@ class _Problem(eqx.Module):
     max_steps: int = eqx.field(static=True)
     kind: str = eqx.field(static=True)  # of `eqxi.while_loop`: "checkpointed" or "lax"
     axis: int = eqx.field(static=True)  # the inits axis of a block's leaves: -1 or 0
-    rolled: bool = eqx.field(static=True, default=False)  # the stages as a loop (`_rk_step`)
 
     def args(self, batched):
         """The field's args of one init, from its batched part."""
@@ -401,7 +392,7 @@ class _Problem(eqx.Module):
         """
         args = self.args(batched)
         y1, y_error, dense, solver_state1 = _rk_step(
-            self.solver.tableau, self.field, tprev, tnext, y, args, solver_state, rolled=self.rolled
+            self.solver.tableau, self.field, tprev, tnext, y, args, solver_state
         )
         y_error = jax.tree.map(lambda x: jnp.where(jnp.isnan(x), jnp.inf, x), y_error)
         keep, tprev1, tnext1, _, controller_state1, controller_result = self.controller.adapt_step_size(
@@ -722,77 +713,40 @@ def _is_explicit_rk(solver) -> bool:
     )
 
 
-def _rk_step(tableau, field, t0, t1, y0, args, f0, *, rolled: bool = False):
-    """One step of an explicit Runge-Kutta tableau from diffrax.
+def _rk_step(tableau, field, t0, t1, y0, args, f0):
+    """One step of an explicit Runge-Kutta tableau from diffrax, stages unrolled.
 
     The same arithmetic as the solver's own `step` (increments k_j = dt f_j,
-    stage y_i = y0 + sum_j a_ij k_j over the nonzero a_ij in order, y1 = y0 + sum_j b_j k_j,
-    error sum_j e_j k_j), with the stages written out instead of diffrax's stage loop so
-    that XLA fuses a whole step into a few kernels; or, `rolled`, as a loop over the stages
-    whose body evaluates the field once (a program a third smaller to compile). Returns
-    y1, the error estimate, the dense information for the solver's interpolation, and
-    f(t1, y1) for the next step (first same as last).
+    stage y_i = y0 + sum_j a_ij k_j, y1 = y0 + sum_j b_j k_j, error sum_j e_j k_j), but
+    with the stages written out instead of diffrax's stage loop, so that XLA fuses a whole
+    step into a few kernels. Returns y1, the error estimate, the dense information for
+    the solver's interpolation, and f(t1, y1) for the next step (first same as last).
     """
     dt = t1 - t0
     dtype = jnp.result_type(*jax.tree.leaves(y0))
-    scale = lambda f: jax.tree.map(lambda x: x * dt.astype(x.dtype), f)
-    if rolled:
-        ks, y_stage, f_i = _stages_rolled(tableau, field, t0, t1, dt, y0, args, scale(f0), dtype)
-    else:
-        ks, y_stage, f_i = [scale(f0)], y0, f0
-        for c_i, a_i in zip(tableau.c, tableau.a_lower):
-            y_stage = _combine(y0, a_i, ks, dtype)
-            t_i = t1 if c_i == 1 else t0 + jnp.asarray(c_i, dt.dtype) * dt
-            f_i = field(t_i, y_stage, args)
-            ks.append(scale(f_i))
-    y1 = y_stage if tableau.ssal else _combine(y0, tableau.b_sol, ks, dtype)
-    y_error = _combine(jax.tree.map(jnp.zeros_like, y0), tableau.b_error, ks, dtype)
-    return y1, y_error, dict(y0=y0, y1=y1, k=tuple(ks)), f_i
 
+    def combine(base, coeffs, ks):
+        terms = [(float(c), k) for c, k in zip(coeffs, ks) if c != 0]
 
-def _combine(base, coeffs, ks, dtype):
-    """base + sum_j c_j k_j over the nonzero c_j, in order, leaf by leaf."""
-    terms = [(float(c), k) for c, k in zip(coeffs, ks) if c != 0]
-
-    def leaf(b, *k):
-        out = b
-        for (c, _), kk in zip(terms, k):
-            out = out + jnp.asarray(c, dtype) * kk
-        return out
-
-    return jax.tree.map(leaf, base, *[k for _, k in terms])
-
-
-def _stages_rolled(tableau, field, t0, t1, dt, y0, args, k0, dtype):
-    """The stages of `_rk_step` as a `fori_loop`: ([k_0, ..., k_s], last stage, its f).
-
-    Stage i adds a_ij k_j for the j whose a_ij is nonzero, in order, each addition kept
-    or not by a mask (a select, so the sum is the written-out one's); its time is t1 where
-    c_i = 1, as there. The increments live in one (stages + 1, ...) buffer per leaf.
-    """
-    stages = len(tableau.c)
-    a = np.zeros((stages, stages))
-    for i, row in enumerate(tableau.a_lower):
-        a[i, : len(row)] = row
-    a, c = jnp.asarray(a, dtype), jnp.asarray(np.asarray(tableau.c, np.float64), dt.dtype)
-    buffer = jax.tree.map(lambda k: jnp.zeros((stages + 1, *k.shape), k.dtype).at[0].set(k), k0)
-
-    def stage(i, carry):
-        buffer, _, _ = carry
-
-        def leaf(y, ks):
-            out = y
-            for j in range(stages):
-                out = jnp.where(a[i, j] != 0, out + a[i, j] * ks[j], out)
+        def leaf(b, *k):
+            out = b
+            for (c, _), kk in zip(terms, k):
+                out = out + jnp.asarray(c, dtype) * kk
             return out
 
-        y_stage = jax.tree.map(leaf, y0, buffer)
-        t_i = jnp.where(c[i] == 1, t1, t0 + c[i] * dt)
-        f_i = field(t_i, y_stage, args)
-        buffer = jax.tree.map(lambda ks, f: ks.at[i + 1].set(f * dt.astype(f.dtype)), buffer, f_i)
-        return buffer, y_stage, f_i
+        if base is None:
+            zero = jax.tree.map(jnp.zeros_like, y0)
+            return jax.tree.map(leaf, zero, *[k for _, k in terms])
+        return jax.tree.map(leaf, base, *[k for _, k in terms])
 
-    f0 = jax.tree.map(lambda k: jnp.zeros_like(k), k0)
-    buffer, y_stage, f_i = jax.lax.fori_loop(0, stages, stage, (buffer, y0, f0))
-    ks = [jax.tree.map(lambda b, j=j: b[j], buffer) for j in range(stages + 1)]
-    return ks, y_stage, f_i
+    scale = lambda f: jax.tree.map(lambda x: x * dt.astype(x.dtype), f)
+    ks = [scale(f0)]
+    y_stage = y0
+    for c_i, a_i in zip(tableau.c, tableau.a_lower):
+        y_stage = combine(y0, a_i, ks)
+        t_i = t1 if c_i == 1 else t0 + jnp.asarray(c_i, dt.dtype) * dt
+        f_i = field(t_i, y_stage, args)
+        ks.append(scale(f_i))
+    y1 = y_stage if tableau.ssal else combine(y0, tableau.b_sol, ks)
+    y_error = combine(None, tableau.b_error, ks)
+    return y1, y_error, dict(y0=y0, y1=y1, k=tuple(ks)), f_i

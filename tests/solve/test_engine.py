@@ -122,47 +122,6 @@ def test_batched_matches_diffeqsolve_on_polarize_fields(kind, layout, monkeypatc
     assert np.max(np.abs(np.asarray(fast.steps) - np.asarray(ref.steps))) <= 1
 
 
-@pytest.mark.parametrize("solver", [diffrax.Tsit5(), diffrax.Dopri5(), diffrax.Bosh3()], ids=type)
-def test_rolled_stages_are_the_written_out_step(solver):
-    """One step of the stage loop against the stages written out: every stage, the error
-    estimate and the dense information agree to rounding (a wrong tableau row or stage
-    time would move them by ~dt^2)."""
-    field = lambda t, y, args: {"u": jnp.sin(t * y["u"]) - args * y["w"], "w": y["u"] * jnp.exp(-t)}
-    y0 = {"u": jnp.linspace(-1.0, 2.0, 5), "w": jnp.linspace(0.5, 1.5, 5)}
-    args, t0, t1 = jnp.asarray(0.7), jnp.asarray(0.3), jnp.asarray(0.55)
-    f0 = field(t0, y0, args)
-    tableau = solver.tableau
-    out = jax.jit(lambda y: engine._rk_step(tableau, field, t0, t1, y, args, f0))(y0)
-    rolled = jax.jit(lambda y: engine._rk_step(tableau, field, t0, t1, y, args, f0, rolled=True))(y0)
-    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(rolled)):
-        np.testing.assert_allclose(b, a, rtol=1e-14, atol=1e-15)
-    # and both are diffrax's own step
-    term = diffrax.ODETerm(field)
-    ref = solver.step(term, t0, t1, y0, args, solver.init(term, t0, t1, y0, args), made_jump=False)
-    for a, b in zip(jax.tree.leaves((out[0], out[1])), jax.tree.leaves((ref[0], ref[1]))):
-        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
-
-
-@pytest.mark.parametrize("kind", ["reduced", "analytic"])
-def test_rolled_stages_take_the_same_steps_in_the_loop(kind, monkeypatch):
-    field, y0, args, axes = _system_problem(kind)
-    ts = jnp.log1p(jnp.asarray(pz.save_times(1e3, 12)))
-    loose = dict(rtol=1e-6, atol=1e-8)
-    calls = []
-    rolled_stages = engine._stages_rolled
-    monkeypatch.setattr(engine, "_stages_rolled", lambda *a: calls.append(1) or rolled_stages(*a))
-    monkeypatch.setattr(engine, "ROLL_MAX_STATE", 0)
-    out = _solve(field, y0, args, axes, ts, method="batched", **loose)
-    assert not calls
-    monkeypatch.setattr(engine, "ROLL_MAX_STATE", 10**6)
-    rolled = _solve(field, y0, args, axes, ts, method="batched", **loose)
-    assert calls  # the loop was the one traced
-    np.testing.assert_array_equal(rolled.steps, out.steps)
-    np.testing.assert_array_equal(rolled.status, out.status)
-    for a, b in zip(jax.tree.leaves(rolled.ys), jax.tree.leaves(out.ys)):
-        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
-
-
 def test_max_steps_and_nonfinite_fields_are_per_initialization():
     k = jnp.array([1.0, 4000.0, 1.0, jnp.nan, 2.0])  # a stiff one and a NaN field
     y0 = jnp.ones((5, 2))
