@@ -24,3 +24,34 @@ def _programs_released_when_crowded():
     # themselves; this covers the tests that run neither)
     yield
     release_programs_if_crowded()
+
+
+class _Compiles:
+    """XLA compiles by program name while `counting` (JAX's listeners cannot be removed)."""
+
+    def __init__(self):
+        self.names, self.on = [], False
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kw):
+        if self.on and event == "/jax/core/compile/backend_compile_duration":
+            self.names.append(kw.get("fun_name"))
+
+    def counting(self, fn, *args, **kwargs):
+        """(fn's result, the names of the programs compiled while it ran)."""
+        self.names, self.on = [], True
+        try:
+            return jax.block_until_ready(fn(*args, **kwargs)), list(self.names)
+        finally:
+            self.on = False
+
+
+_COMPILES = []
+
+
+@pytest.fixture
+def compiles():
+    """`compiles.counting(fn, *args)`: fn's result and the programs XLA compiled for it."""
+    if not _COMPILES:
+        _COMPILES.append(_Compiles())
+    return _COMPILES[0]

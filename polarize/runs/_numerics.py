@@ -123,20 +123,28 @@ def _solved(config, method: tuple | None = None):
     return solved
 
 
-@functools.lru_cache(maxsize=16)
 def _reducer(config):
     """What a flow sweep keeps of ONE initialization's trajectory (`solve_flow`'s
     `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
-    them from stored trajectories. One function object per config (a compiled program's key)."""
+    them from stored trajectories."""
     keep = tuple(int(k) for k in config.snapshot_index())
-    ts, t1, rate = config.times(), config.horizon(), config.fits_rate()
+    ts = tuple(float(t) for t in config.times())
+    return _reduce_of(keep, ts, float(config.horizon()), config.fits_rate(), float(config.atol))
+
+
+@functools.lru_cache(maxsize=16)
+def _reduce_of(keep: tuple, ts: tuple, t1: float, rate: bool, atol: float):
+    """`_reducer`'s function, one object per value of what it reads: the function is part
+    of a compiled program's key, so sweeps and study cells whose other settings differ
+    (levels, temperature, samples of the same shapes) share one traced program."""
+    times = np.asarray(ts)
 
     def reduce(path, a, weights, loss, ok, objective):
         flags = order_flags_apply(objective, path, a)
         b = objective.direction() if flags else jnp.zeros(1, a.dtype)
-        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=config.atol)
+        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=atol)
         if rate:
-            fit = logistic_rate(ts, jnp.max(distribution(weights), axis=-1), t1=t1)
+            fit = logistic_rate(times, jnp.max(distribution(weights), axis=-1), t1=t1)
             out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
         return out
 

@@ -199,6 +199,10 @@ def crosses_in_loop(model, objective, options: SolveOptions) -> bool:
 def _solve(model, objective, field, options: SolveOptions, reduce):
     """One integration of resolved `options`: (trajectory, crossing times or None)."""
     release_programs_if_crowded(model, objective, options)
+    # `prepare` has applied `path` and `precision`: the field and the arrays' dtypes carry
+    # them. Left in the static options, one problem asked for in two ways (path="auto" or
+    # the form it picks, a float32 model or precision="float32") compiled twice.
+    options = dataclasses.replace(options, path="auto", precision=None)
     single = ensemble_size(model, objective) is None
     if single:  # one initialization: a batch of one, in a block of one
         model = with_params(model, [p[None] for p in params(model)])

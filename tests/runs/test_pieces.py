@@ -51,3 +51,22 @@ def test_one_block_is_differentiable_in_both_modes():
     _, tangent = jax.jvp(f, (k,), (jax.numpy.ones(5),))
     np.testing.assert_allclose(tangent, exact.sum(), rtol=1e-12)
     np.testing.assert_array_equal(jax.jit(f)(k), f(k))
+
+
+def test_sweeps_that_differ_only_in_what_is_data_share_one_program(compiles):
+    """The levels are arrays of the program, not part of it: a second sweep that changes
+    only them compiles no new flow (its per-init reduction used to be a new function
+    object per config, so each such sweep traced and compiled again)."""
+    small = dict(tokens=4, dim=4, inits=8, block_size=8, t1=100.0, n_save=8)
+    first = SweepConfig(levels=(0.9, 0.99), **small).resolved()
+    second = SweepConfig(levels=(0.6, 0.7), **small).resolved()
+    measured = []
+    for config in (first, second):
+        out, compiled = compiles.counting(
+            _numerics.measure, config, config.build_model(0, 8), sweep._objective(config)
+        )
+        measured.append(out)
+    assert "jit(_integrate)" not in compiled
+    # and the second sweep's times are of its own levels: lower ones, reached earlier
+    low, high = np.asarray(measured[1]["time_to_0.6"]), np.asarray(measured[0]["time_to_0.9"])
+    assert np.all(low <= high) and np.any(low < high)

@@ -94,15 +94,22 @@ def test_reduced_descent_needs_plain_gd():
     np.testing.assert_allclose(fast.V, ref.V, rtol=0, atol=1e-12)
 
 
-def test_float32_mode_flows_in_float32_close_to_float64():
+def test_float32_mode_flows_in_float32_close_to_float64(compiles):
     obj = pz.random_direction(1, 8)
     m64 = pz.init_ensemble(0, 4, tokens=8, dim=8)
     m32 = pz.init_ensemble(0, 4, tokens=8, dim=8, dtype=jnp.float32)
     assert m32.V.dtype == jnp.float32
     kw = dict(t1=1e5, n_save=4)
     built32 = pz.flow(m32, obj, **kw)  # a float32 model flows in float32 ...
-    cast32 = pz.flow(m64, obj, precision="float32", **kw)  # ... and so does precision="float32"
+    # ... and so does precision="float32": the same problem, so the same compiled program
+    cast32, compiled = compiles.counting(pz.flow, m64, obj, precision="float32", **kw)
+    assert "jit(_integrate)" not in compiled
     refs = (pz.flow(m32, obj, precision="float64", **kw), pz.flow(m64, obj, **kw))
+    # one problem asked for by its field's form instead of path="auto": no new program either
+    assert isinstance(choose_field(m64, obj), Reduced)
+    again, compiled = compiles.counting(pz.flow, m64, obj, path="reduced", **kw)
+    assert "jit(_integrate)" not in compiled
+    np.testing.assert_array_equal(again.weights, refs[1].weights)
     for tr, ref in zip((built32, cast32), refs, strict=True):
         assert tr.V.dtype == tr.weights.dtype == tr.ts.dtype == jnp.float32
         assert ref.V.dtype == jnp.float64
