@@ -37,6 +37,19 @@ def test_an_ensembles_draws_are_jax_randoms_bit_for_bit(shape, dtype):
             np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
 
 
+def test_draws_of_any_shape_share_one_normal_program(compiles):
+    """Uniforms become normals in fixed-length chunks (`NORMAL_CHUNK`): a draw longer than
+    one chunk is still jax.random's, bit for bit, and a draw of a new shape compiles nothing."""
+    key, start = as_key(3), jnp.asarray(0, jnp.uint32)
+    n = _host_draws.NORMAL_CHUNK // 64 + 7  # V and a: two chunks and a padded third
+    want = _jitted_normals(key, start, n=n, shape=(8, 8), dtype=jnp.dtype("float64"))
+    host_normals(key, start, n=2, shape=(3, 2), dtype=jnp.dtype("float64"))  # the program, compiled
+    got, compiled = compiles.counting(host_normals, key, start, n=n, shape=(8, 8), dtype=jnp.dtype("float64"))
+    assert "jit(_inverse_erf)" not in compiled
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+
+
 def test_streams_and_single_draws_are_jax_randoms():
     for seed, i in ((0, 1), (7, 2), (2**31 - 1, 77)):
         key = jax.random.fold_in(jax.random.key(seed), i)
