@@ -135,8 +135,8 @@ def _reducer(config):
 @functools.lru_cache(maxsize=16)
 def _reduce_of(keep: tuple, ts: tuple, t1: float, rate: bool, atol: float):
     """`_reducer`'s function, one object per value of what it reads: the function is part
-    of a compiled program's key, so sweeps and study cells whose other settings differ
-    (levels, temperature, samples of the same shapes) share one traced program."""
+    of a compiled program's key, so sweeps and study cells that differ only in settings
+    it does not read (their levels, say) share one traced program."""
     times = np.asarray(ts)
 
     def reduce(path, a, weights, loss, ok, objective):
