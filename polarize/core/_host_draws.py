@@ -186,6 +186,8 @@ NORMAL_CHUNK = 1 << 14
 def _normal_of(u: np.ndarray) -> np.ndarray:
     """sqrt(2) erfinv(u) of a 1-d host array, elementwise, by `_inverse_erf` in chunks."""
     n = u.shape[0]
+    if n == 0:  # an empty draw (jax.random's is one too), which no chunk would hold
+        return np.empty(0, u.dtype)
     padded = np.zeros(-(-n // NORMAL_CHUNK) * NORMAL_CHUNK, u.dtype)
     padded[:n] = u
     parts = [_inverse_erf(padded[i : i + NORMAL_CHUNK]) for i in range(0, padded.shape[0], NORMAL_CHUNK)]

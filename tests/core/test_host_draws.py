@@ -48,6 +48,8 @@ def test_draws_of_any_shape_share_one_normal_program(compiles):
     assert "jit(_inverse_erf)" not in compiled
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+    empty = host_normal(host_stream(3, 0), (0, 4), "float64")  # no chunk at all
+    assert empty.shape == (0, 4) and empty.dtype == jnp.float64
 
 
 def test_streams_and_single_draws_are_jax_randoms():
