@@ -10,8 +10,6 @@ first step index k = 0..steps whose iterate reaches each target, checked on the 
 iterates it steps; `descend_with_hitting_times` turns them into times k x lr.
 """
 
-import functools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -50,7 +48,8 @@ def descend(
 
     Args:
         model, objective: as for `flow` (either may be batched).
-        optimizer: an optax transformation, or a float lr meaning `optax.sgd(lr)`.
+        optimizer: an optax transformation, or a float lr meaning `optax.sgd(lr)` (then
+            the rate is data: descents that differ only in it share one compiled program).
         steps: number of updates.
         lr: the step size used to report time as step x lr with an optax optimizer
             (taken from `optimizer` when it is a float: giving another one is refused);
@@ -80,7 +79,9 @@ def descend(
                 f"`lr`={lr!r} conflicts with the learning rate {rate!r} given as `optimizer`; "
                 "pass the learning rate once"
             )
-        lr, optimizer = rate, _sgd(rate)
+        # the rate as data, not baked into a transformation: descents that differ only
+        # in it (a study over lr, say) share one compiled program
+        lr, optimizer = rate, jnp.asarray(rate)
     elif not isinstance(optimizer, optax.GradientTransformation):
         raise PolarizeError(
             "`optimizer` must be an optax GradientTransformation or a float learning rate; "
@@ -137,10 +138,6 @@ def descend_with_hitting_times(
     return traj, {name: times[..., j] for j, name in enumerate(names)}
 
 
-# One transformation object per lr, so repeated calls reuse the compiled loop.
-_sgd = functools.lru_cache(maxsize=64)(optax.sgd)
-
-
 def _packing(theta):
     """(pack, unpack) between a block's state pytree (inits axis last) and one
     (numbers per init, inits) array."""
@@ -166,6 +163,8 @@ UNROLL = 8
 @eqx.filter_jit
 @exact_matmuls
 def _descend(model, objective, optimizer, marks, system, block_size, flat, targets, steps):
+    """`descend`'s program; `optimizer` an optax transformation, or the learning rate of
+    plain gradient descent as an array (`optax.sgd` of it, in the state's dtype)."""
     single = ensemble_size(model, objective) is None
     if single:  # step one initialization as a block of one
         model = eqx.tree_at(
@@ -181,7 +180,7 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
 
     def one_step(model, objective, theta, opt_state, constants):
         grads = jax.tree.map(jnp.negative, system(theta, model, objective, constants))
-        updates, opt_state = optimizer.update(grads, opt_state, theta)
+        updates, opt_state = optimizer.update(grads, opt_state, theta)  # an optax transformation here
         return optax.apply_updates(theta, updates), opt_state
 
     def run_block(block):
@@ -190,6 +189,10 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
         block = jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), block)
         constants = per_init(system.constants)(block)
         theta = per_init(system.initial)(block)
+        if isinstance(optimizer, jax.Array):  # a Python float's rounding, in the state's dtype
+            opt = optax.sgd(optimizer.astype(jax.tree.leaves(theta)[0].dtype))
+        else:
+            opt = optimizer
         if flat:
             # plain SGD is elementwise: step one (state, inits) array instead of one per
             # leaf, the same arithmetic in fewer, larger kernels
@@ -199,13 +202,13 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
             def advance(carry):
                 x, opt_state = carry
                 grads = jnp.negative(pack(field(block, unpack(x), constants)))
-                updates, opt_state = optimizer.update(grads, opt_state, x)
+                updates, opt_state = opt.update(grads, opt_state, x)
                 return optax.apply_updates(x, updates), opt_state
 
-            carry = (pack(theta), optimizer.init(pack(theta)))
+            carry = (pack(theta), opt.init(pack(theta)))
         else:
             unpack = lambda x: x
-            carry = (theta, per_init(lambda m, o, th: optimizer.init(th))(block, theta))
+            carry = (theta, per_init(lambda m, o, th: opt.init(th))(block, theta))
             step = per_init(one_step)
 
             def advance(carry):

@@ -49,6 +49,24 @@ def test_descend_equals_python_loop():
     np.testing.assert_array_equal(traj.ts, [0, 3, 7])  # no lr given: time is the step index
 
 
+def test_descents_that_differ_only_in_lr_share_one_program(compiles):
+    """Plain gradient descent's learning rate is data: a second rate runs the first rate's
+    compiled program, and its iterates are theta <- theta - lr grad L stepped by hand."""
+    model = pz.init_ensemble(5, 3, tokens=4, dim=3, v_scale=0.5, a_scale=0.3)
+    obj = pz.random_direction(2, 3)
+    pz.descend(model, obj, 0.1, steps=6, save_at=[0, 6])
+    traj, compiled = compiles.counting(pz.descend, model, obj, 0.35, steps=6, save_at=[0, 6])
+    assert not [name for name in compiled if "_descend" in name], compiled
+    np.testing.assert_allclose(traj.ts, [0.0, 6 * 0.35])
+    for i in range(3):
+        theta = (model.V[i], model.a[i])
+        for _ in range(6):
+            grads = pz.fields.gradient(pz.ValueAttention(*theta, model.norm), obj)
+            theta = jax.tree.map(lambda p, g: p - 0.35 * g, theta, grads)
+        np.testing.assert_allclose(traj.V[i, -1], theta[0], rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(traj.a[i, -1], theta[1], rtol=1e-10, atol=1e-13)
+
+
 @pytest.mark.parametrize("optimizer", [optax.sgd(0.05, momentum=0.9), optax.adam(0.01)])
 def test_momentum_and_adam_polarize_softmax(optimizer):
     model = pz.init_ensemble(0, 16, tokens=6, dim=6)
