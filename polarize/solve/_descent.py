@@ -80,7 +80,7 @@ def descend(
                 "pass the learning rate once"
             )
         # the rate as data, not baked into a transformation: descents that differ only
-        # in it (a study over lr, say) share one compiled program
+        # in it share one compiled program (a sweep's measure program still holds its lr)
         lr, optimizer = rate, jnp.asarray(rate)
     elif not isinstance(optimizer, optax.GradientTransformation):
         raise PolarizeError(
