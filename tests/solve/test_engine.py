@@ -189,3 +189,44 @@ def test_a_block_program_is_traced_once_and_maps_every_block():
     assert calls == [(4, 3)]
     np.testing.assert_array_equal(out["double"], 2 * np.asarray(x))
     np.testing.assert_array_equal(out["row_sum"], np.asarray(x).sum(axis=1))
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [diffrax.Tsit5(), diffrax.Dopri5(), diffrax.Bosh3(), diffrax.Dopri8()],
+    ids=lambda s: type(s).__name__,
+)
+def test_a_rolled_step_is_diffraxs_step_with_the_field_traced_once(solver):
+    # Small states are stepped with the stages in a loop (`rolled`): the stage's sum is
+    # chosen by a switch over the tableau's rows and its increment stored by selects. A
+    # wrong row, a stage stored in the wrong slot or one read before it is written would
+    # move y1 by far more than rounding; the field is in the program once, not per stage.
+    A = jnp.array([[0.3, -1.2, 0.5], [0.7, 0.1, -0.4], [-0.2, 0.9, 0.6]])
+    traced = []
+
+    def field(t, y, args):
+        traced.append(t)
+        return {"u": -jnp.tanh(A @ y["u"]) + jnp.sin(3.0 * t) * y["w"], "w": args * y["u"] * y["w"]}
+
+    y0 = {"u": jnp.array([0.4, -1.1, 0.8]), "w": jnp.array([1.3, 0.2, -0.5])}
+    t0, t1, args = jnp.asarray(0.2), jnp.asarray(0.45), jnp.asarray(-0.7)
+    term = diffrax.ODETerm(field)
+    y1_ref, err_ref, dense_ref, state_ref, _ = solver.step(
+        term, t0, t1, y0, args, solver.init(term, t0, t1, y0, args), False
+    )
+    f0 = field(t0, y0, args)
+    stages = len(solver.tableau.c)
+    for rolled in (True, False):
+        traced.clear()
+        y1, err, dense, f1 = jax.jit(
+            lambda y0, f0, rolled=rolled: engine._rk_step(
+                solver.tableau, field, t0, t1, y0, args, f0, rolled=rolled
+            )
+        )(y0, f0)
+        assert len(traced) == (1 if rolled else stages)
+        close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+        jax.tree.map(close, y1, y1_ref)
+        jax.tree.map(close, err, err_ref)
+        jax.tree.map(close, f1, state_ref[1])
+        for j, k in enumerate(dense["k"]):
+            jax.tree.map(lambda a, b: close(a, b[j]), k, dense_ref["k"])
