@@ -1,5 +1,6 @@
 """Failures that used to be silent are loud or correct: each check also holds under jit."""
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -72,6 +73,18 @@ def test_float32_horizon_beyond_its_range_is_refused():
     # a horizon float32 holds still runs in float32, and float64 takes 1e40 (test_paper_claims)
     traj = pz.flow(model, obj, t1=1e30, n_save=2, precision="float32")
     assert traj.V.dtype == jnp.float32 and bool(np.all(traj.ok))
+
+
+def test_a_solver_or_adjoint_that_is_not_diffraxs_is_refused_by_name():
+    # a name where a diffrax object belongs once failed deep in the stiff controller
+    # with an AttributeError; now the argument and what it takes are named at once
+    model, obj = pz.init_ensemble(0, 2, tokens=3, dim=2), pz.random_direction(0, 2)
+    with pytest.raises(pz.PolarizeError, match=r"`solver` must be a diffrax solver such as diffrax\.Tsit5"):
+        pz.flow(model, obj, t1=10.0, solver="tsit5")
+    with pytest.raises(pz.PolarizeError, match="`adjoint` must be a diffrax adjoint"):
+        pz.flow(model, obj, t1=10.0, adjoint="backsolve")
+    with pytest.raises(pz.PolarizeError, match="`solver` must be a diffrax solver"):
+        pz.SolveOptions(t1=10.0, solver=diffrax.Tsit5)  # the class, not an instance
 
 
 def test_conflicting_learning_rates_are_refused():

@@ -107,6 +107,16 @@ class SolveOptions(eqx.Module):
     ends_only: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
+        for name, kind, example in (
+            ("solver", diffrax.AbstractSolver, "diffrax.Tsit5()"),
+            ("adjoint", diffrax.AbstractAdjoint, "diffrax.RecursiveCheckpointAdjoint()"),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise PolarizeError(
+                    f"`{name}` must be a diffrax {kind.__name__.removeprefix('Abstract').lower()} such as "
+                    f"{example}, or None for the default; got {value!r}"
+                )
         check_positive("n_save", self.n_save, integer=True)
         check_positive("max_steps", self.max_steps, integer=True)
         check_positive("rtol", self.rtol)
