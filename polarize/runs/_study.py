@@ -32,6 +32,7 @@ study's summary.json; the other cells go on.
 
 import dataclasses
 import json
+import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -47,13 +48,13 @@ from ._drawing import FigureProcess
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
 from ._storage import read_json, write_json
-from ._study_file import Study
+from ._study_file import Study, load_study
 from ._study_output import finish_study
 from ._sweep import piece_size, run_sweep
 
 
 def run_study(
-    study: Study,
+    study: Study | str | os.PathLike,
     out,
     *,
     progress: bool = False,
@@ -62,13 +63,20 @@ def run_study(
 ) -> dict:
     """Run (or continue) every cell under out/cells/, then write study.csv, summary.json, comparison.png.
 
-    Returns the study's summary: {"cells", "failed_cells": {name: reason}}. A failing
+    `study` is a `Study` (`load_study`) or the path of a study file. Returns the
+    study's summary: {"cells", "failed_cells": {name: reason}}. A failing
     cell does not stop the others. Each cell's own four figures are drawn only with
     `cell_figures` (`polarize report OUT` draws them later from the stored results).
     With a `FigureProcess` (started before JAX was imported), study.csv and
     comparison.png are written by it (`_study_output`), and this process loads neither
     pandas nor matplotlib.
     """
+    if isinstance(study, (str, os.PathLike)):
+        study = load_study(study)
+    elif not isinstance(study, Study):
+        raise PolarizeError(
+            f"`study` must be a Study (pz.load_study) or the path of a study file; got {type(study).__name__}"
+        )
     out = Path(out)
     spec = out / "study.json"
     if spec.exists() and read_json(spec) != _json_roundtrip(study.to_dict()):

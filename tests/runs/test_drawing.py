@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+import polarize as pz
 from polarize.runs import SweepConfig, load_study, run_study, run_sweep
 from polarize.runs._drawing import FigureProcess, draw_here
 
@@ -92,8 +93,16 @@ def finished_study(tmp_path_factory):
     folder = tmp_path_factory.mktemp("study")
     (folder / "drawn.toml").write_text(STUDY)
     study = load_study(folder / "drawn.toml")
-    result = run_study(study, folder / "study")
+    result = run_study(folder / "drawn.toml", folder / "study")  # a path is read as load_study reads it
     return study, folder / "study", result["failed_cells"]
+
+
+def test_run_study_takes_a_study_or_its_file_and_names_anything_else(tmp_path):
+    with pytest.raises(pz.PolarizeError, match="`study` must be a Study .* path of a study file; got dict"):
+        run_study({"grid": {"kappa": [1.0]}}, tmp_path / "o")
+    with pytest.raises(pz.PolarizeError, match="does not exist"):
+        run_study(tmp_path / "missing.toml", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_figure_process_writes_the_study_table_and_figure_written_here(finished_study, tmp_path):
