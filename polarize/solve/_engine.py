@@ -9,7 +9,7 @@ of accepted steps.
 
 `method="batched"` (the default) is one stepping loop per fixed block of
 initializations around diffrax's own numerics: the explicit solver's Butcher tableau
-(stages written out, or in a loop for small states: `_rk_step`),
+(stages written out, or in a loop for small states on a CPU: `_rk_step`),
 `PIDController.adapt_step_size`, and the solver's dense interpolation for the saved
 times, each initialization with its own adaptive steps. The block keeps the inits axis
 last (struct of arrays); each accepted step interpolates the next few save times at once
@@ -366,6 +366,14 @@ class _Problem(eqx.Module):
         """The field's args of one init, from its batched part."""
         return eqx.combine(batched, self.shared)
 
+    @property
+    def rolled(self) -> bool:
+        """Whether a step's stages run as a loop (`_rk_step`): for states stepped with the
+        inits axis last, on a CPU. It was measured there only; on a GPU, XLA may read the
+        index of every loop iteration and switch back to the host, so the written-out step
+        stays."""
+        return self.axis == -1 and jax.default_backend() == "cpu"
+
     def active(self, s: _State):
         """Per init (of the block): not yet at t1, not failed, with steps left."""
         return (s.tprev < self.t1) & (s.status == codes.OK) & (s.steps < self.max_steps)
@@ -393,7 +401,7 @@ class _Problem(eqx.Module):
         """
         args = self.args(batched)
         y1, y_error, dense, solver_state1 = _rk_step(
-            self.solver.tableau, self.field, tprev, tnext, y, args, solver_state, rolled=self.axis == -1
+            self.solver.tableau, self.field, tprev, tnext, y, args, solver_state, rolled=self.rolled
         )
         y_error = jax.tree.map(lambda x: jnp.where(jnp.isnan(x), jnp.inf, x), y_error)
         keep, tprev1, tnext1, _, controller_state1, controller_result = self.controller.adapt_step_size(
