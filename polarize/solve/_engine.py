@@ -282,9 +282,10 @@ def _sub_block(axis: int, state_size: int, size: int) -> int | None:
     every pass (frozen ones too), so a block of many inits whose step counts spread pays
     for the slowest one many times over. Measured on a CPU (square loss, T = d = 20,
     inits first, 256 inits, kappa 2 and 10): 0.92-1.01 s as blocks of 128, 0.77-0.85 s
-    in sub-blocks of 16. The numbers are the same bit for bit there (and for T = d = 16
-    and 30, square and cross-entropy): each init's steps do not depend on the others,
-    and a block's `finish` still runs on the whole block. Smaller sub-blocks, or states
+    in sub-blocks of 16; where the step counts do not spread, sub-blocks cost up to 4%
+    (cross-entropy, T = d = 30). The numbers are the same bit for bit (there, and at
+    T = d = 16 and 30, square and cross-entropy): each init's steps do not depend on the
+    others, and a block's `finish` still runs on the whole block. Smaller sub-blocks, or states
     below `SUB_BLOCK_MIN_STATE` (sub-blocks of 32 at T = d = 8), were faster still but
     changed the last bits: XLA computes the products of smaller batches another way.
     Only on a CPU, where a block's loop runs on one core; on a GPU a block is one wide
