@@ -285,9 +285,9 @@ def _sub_block(axis: int, state_size: int, size: int) -> int | None:
     in sub-blocks of 16; where the step counts do not spread, sub-blocks cost up to 4%
     (cross-entropy, T = d = 30). The numbers are the same bit for bit (there, and at
     T = d = 16 and 30, square and cross-entropy): each init's steps do not depend on the
-    others, and a block's `finish` still runs on the whole block. Smaller sub-blocks, or states
-    below `SUB_BLOCK_MIN_STATE` (sub-blocks of 32 at T = d = 8), were faster still but
-    changed the last bits: XLA computes the products of smaller batches another way.
+    others, and a block's `finish` still runs on the whole block. Smaller sub-blocks, or
+    states below `SUB_BLOCK_MIN_STATE` (sub-blocks of 32 at T = d = 8), were faster still
+    but changed the last bits: XLA computes the products of smaller batches another way.
     Only on a CPU, where a block's loop runs on one core; on a GPU a block is one wide
     kernel per operation, and its sub-blocks would run one after another.
     """
