@@ -156,10 +156,6 @@ def _packing(theta):
     return pack, unpack
 
 
-#: Steps unrolled per loop iteration of descent (fewer loop trips, same arithmetic).
-UNROLL = 8
-
-
 @eqx.filter_jit
 @exact_matmuls
 def _descend(model, objective, optimizer, marks, system, block_size, flat, targets, steps):
@@ -219,12 +215,14 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
             body = lambda carry, _: (advance(carry), None)
             saved, done = [], 0
             # One scan per segment between saved steps: static lengths keep the loop
-            # reverse-differentiable, so gradients can flow through descent too.
+            # reverse-differentiable, so gradients can flow through descent too. One step
+            # per loop trip in every scan: unrolled eight times, plain GD ran no faster and
+            # compiled ~0.3 s longer; Adam and momentum ran 20-30% faster but compiled 3x
+            # longer, and their numbers depended on which steps were saved (XLA rounded
+            # their updates across step boundaries; benchmarks/NOTES.md).
             for mark in marks:
                 if mark > done:
-                    carry, _ = jax.lax.scan(
-                        body, carry, None, length=mark - done, unroll=min(UNROLL, mark - done)
-                    )
+                    carry, _ = jax.lax.scan(body, carry, None, length=mark - done)
                     done = mark
                 saved.append(unpack(carry[0]))
             return stack(saved), None  # (inits, marks, ...)
@@ -242,15 +240,15 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
             return jnp.where((first < 0) & reached(block, unpack(x), constants, levels), k, first)
 
         if not flat:
-            # per-leaf optimizer states round differently in another loop structure (as
-            # descend does with other saved steps): the segments above, checked in the body
+            # per-leaf optimizer states are a pytree, not one array to keep rows of: the
+            # segments above, checked in the body
             def tracked(carry, k):
                 state, first = carry
                 return (advance(state), check(first, state[0], k)), None
 
             def segment(carry, start, stop):
                 ks = jnp.arange(start, stop, dtype=_index_dtype())
-                return jax.lax.scan(tracked, carry, ks, unroll=min(UNROLL, stop - start))[0]
+                return jax.lax.scan(tracked, carry, ks)[0]
 
             carry, saved, done = (carry, first), [], 0
             for mark in marks + ((steps,) if steps > marks[-1] else ()):
@@ -280,9 +278,7 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
 
         kept = jnp.zeros((n + 1,) + carry[0].shape, carry[0].dtype)
         start = (carry, (first, kept, k_(0)))
-        carry, _ = jax.lax.scan(
-            body, start, jnp.arange(steps, dtype=_index_dtype()), unroll=min(UNROLL, steps)
-        )
+        carry, _ = jax.lax.scan(body, start, jnp.arange(steps, dtype=_index_dtype()))
         first, kept, _ = read(carry[0][0], carry[1], k_(steps))
         return stack([unpack(kept[i]) for i in range(n)]), first.T
 
