@@ -218,8 +218,8 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
             # reverse-differentiable, so gradients can flow through descent too. One step
             # per loop trip in every scan: unrolled eight times, plain GD ran no faster and
             # compiled ~0.3 s longer; Adam and momentum ran 20-30% faster but compiled 3x
-            # longer, and their numbers depended on which steps were saved (XLA rounded
-            # their updates across step boundaries; benchmarks/NOTES.md).
+            # longer, and their numbers depended on which steps were saved (by up to
+            # 6e-12; benchmarks/NOTES.md).
             for mark in marks:
                 if mark > done:
                     carry, _ = jax.lax.scan(body, carry, None, length=mark - done)
