@@ -79,8 +79,8 @@ def test_momentum_and_adam_polarize_softmax(optimizer):
 @pytest.mark.parametrize("optimizer", [optax.adam(0.01), 0.3], ids=["adam", "gd"])
 def test_the_saved_steps_do_not_change_the_iterates(optimizer):
     """Which steps are saved splits the loop into other segments; the iterates stay the
-    same to the bit (Adam's once moved by ~1e-13 when the segments' steps were
-    unrolled), and match a Python loop."""
+    same to the bit (Adam's and momentum's moved by 6e-14 to 6e-12 over 3000 steps when
+    the segments' steps were unrolled), and match a Python loop."""
     model = pz.init_ensemble(6, 4, tokens=5, dim=4, v_scale=0.5, a_scale=0.3)
     obj = pz.random_direction(2, 4)
     run = lambda save_at: pz.descend(model, obj, optimizer, steps=60, save_at=save_at)
