@@ -15,9 +15,10 @@ NAMES = {"weights.png", "entropy_hist.png", "winners.png", "one_hot_fraction.png
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """A finished sweep folder without figures, and its config."""
+    """A finished sweep folder without figures, and its config (the shapes and options of
+    tests/runs/test_folders.py's sweeps: a worker that ran those has its program)."""
     out = tmp_path_factory.mktemp("drawing") / "run"
-    config = SweepConfig(tokens=3, dim=2, inits=8, t1=100.0).resolved()
+    config = SweepConfig(tokens=4, dim=3, n_save=8, inits=8, t1=1e3).resolved()
     run_sweep(config, out, figures=False)
     assert not list(out.glob("*.png"))
     return config, out
@@ -75,9 +76,10 @@ STUDY = """name = "drawn"
 [base]
 objective = "square"
 tokens = 3
-dim = 2
+dim = 3
 inits = 8
 t1 = 100.0
+n_save = 8
 [grid]
 kappa = [1.0, 3.0]
 seed = [0, 1]

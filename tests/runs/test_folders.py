@@ -287,7 +287,8 @@ def test_each_bad_folder_or_setting_is_one_line(case, argv, says, run, tmp_path,
 def test_a_bad_grid_value_fails_its_cell_only(tmp_path, capsys):
     spec = tmp_path / "grid.toml"
     spec.write_text(
-        'name = "g"\n[base]\ntokens = 3\ndim = 2\ninits = 8\nt1 = 10.0\n[grid]\nv_scale = [0.1, "big"]\n'
+        'name = "g"\n[base]\ntokens = 4\ndim = 3\ninits = 8\nt1 = 1e3\nn_save = 8\n'
+        '[grid]\nv_scale = [0.1, "big"]\n'
     )
     out = tmp_path / "g"
     assert main(["study", str(spec), "--out", str(out), "--no-progress"]) == 1

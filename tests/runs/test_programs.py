@@ -137,7 +137,7 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
     # store exactly what a sweep that traces its program stores
     from polarize.runs import _sweep
 
-    config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=200.0, n_save=16, **settings)
+    config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=1e3, n_save=8, **settings)
     folder = tmp_path / "programs"
     monkeypatch.setattr(_sweep, "programs_dir", lambda: folder)
     _sweep._stored.cache_clear()
