@@ -89,6 +89,27 @@ def host_normals(key, start, *, n: int, shape: tuple, dtype) -> tuple:
     return jax.numpy.asarray(V.reshape(n, *shape)), jax.numpy.asarray(a.reshape(n, *shape[1:]))
 
 
+def host_normals_per_init(key, start, *, n: int, shape: tuple, dtype):
+    """`jax.vmap(lambda k: jax.random.normal(k, shape, dtype))(init_keys(key, n, start))`:
+    shape (n, *shape), initialization i from fold_in(key, start + i). `key`: a JAX key or
+    its data (two uint32)."""
+    k = _data(key)
+    index = np.asarray(start, np.uint32) + np.arange(n, dtype=np.uint32)
+    keys = threefry2x32(k[0], k[1], np.zeros(n, np.uint32), index)
+    z = _normal_of(_uniform(_bits(keys, int(np.prod(shape)), dtype).ravel(), dtype))
+    return jax.numpy.asarray(z.reshape(n, *shape))
+
+
+def per_init_drawable(key, start, n: int, shape: tuple, dtype) -> bool:
+    """Whether `host_normals_per_init` reproduces these draws and is the cheaper way to
+    them: `key` a seed the host derives (`host_seed`) or a concrete Threefry key, `start`
+    a concrete integer."""
+    key = seed_or_key(key)
+    if not isinstance(key, np.ndarray | jax.Array) or not isinstance(start, int | np.integer):
+        return False
+    return _hostable(key) and host_cheaper(n * (int(np.prod(shape)) + 1), dtype)
+
+
 def host_normal(key, shape: tuple, dtype):
     """`jax.random.normal(key, shape, dtype)` (`key` a JAX key or its data)."""
     k = _data(key)

@@ -130,3 +130,37 @@ def test_another_default_prng_is_never_drawn_on_the_host():
         np.testing.assert_array_equal(labels.y, jnp.where(X @ jax.random.normal(kw, (3,)) >= 0, 1.0, -1.0))
     finally:
         jax.config.update("jax_default_prng_impl", "threefry2x32")
+
+
+def _jax_prompt_task(key, samples, tokens, dim):
+    """`prompt_task` written with jax.random alone (as it was before the host draws)."""
+    kx, ky, kv = jax.random.split(as_key(key), 3)
+    X = jax.random.normal(kx, (samples, tokens, dim))
+    y = jnp.where(jax.random.bernoulli(ky, 0.5, (samples,)), 1.0, -1.0)
+    return X, y, jax.random.normal(kv, (dim,))
+
+
+@pytest.mark.parametrize("key", [0, 7, 2**31 + 5, "key"], ids=["seed 0", "seed 7", "seed 2^31+5", "jax key"])
+def test_prompt_draws_are_jax_randoms_bit_for_bit(key, compiles, monkeypatch):
+    # prompt_task and init_prompts hash their normals on the host where that gives the
+    # same bits (a seed the host derives, a concrete Threefry key): jax.random's numbers,
+    # with and without the host path, float64 and float32, from any start
+    drawn_here = key != 2**31 + 5  # a seed JAX derives its own way is drawn by JAX
+    key = jax.random.fold_in(jax.random.key(11), 3) if key == "key" else key
+    (X, y, v), names = compiles.counting(pz.prompt_task, key, 6, 5, 7)
+    for got, want in zip((X, y, v), _jax_prompt_task(key, 6, 5, 7), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert "jit(_normal)" not in names or not drawn_here, names  # drawn here: never compiled
+    for dtype in ("float64", "float32"):
+        Xd = X.astype(dtype)
+        keys = pz.init_keys(key, 13, start=9)
+        draw = jax.vmap(lambda k: jax.random.normal(k, (2, 7), dtype))(keys)
+        got, names = compiles.counting(pz.init_prompts, key, 13, Xd, v, v_scale=0.5, start=9)
+        np.testing.assert_array_equal(got.p, 0.3 * draw[:, 0])
+        np.testing.assert_array_equal(got.v, 0.5 * draw[:, 1])
+        assert "jit(_normal)" not in names or not drawn_here, names
+        monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", 0)  # too large for the host
+        big = pz.init_prompts(key, 13, Xd, v, v_scale=0.5, start=9)
+        np.testing.assert_array_equal(big.p, got.p)
+        np.testing.assert_array_equal(big.v, got.v)
+        monkeypatch.undo()
