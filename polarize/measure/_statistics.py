@@ -32,6 +32,7 @@ ATOL = 1e-8
 SQUARINGS = 48
 
 
+@jax.jit
 def top_singular_share(V: Float[Array, "... dim tokens"]) -> Float[Array, "..."]:
     """s_1^2 / sum_i s_i^2 over the singular values of V: 1 means rank one.
 
