@@ -98,17 +98,19 @@ def test_structured_solve_is_the_dense_solve(objective, norm, samples, path):
     y = jax.tree.map(lambda x: x + 0.3, system.initial(model, obj))  # away from any special point
     field = lambda y: system.field(y, model, obj, constants)
     flat, unravel = ravel_pytree(y)
-    J = jax.jacfwd(lambda z: ravel_pytree(field(unravel(z)))[0])(flat)
+    # each piece jitted whole (op by op, they compiled ~120 small programs per case)
+    J = jax.jit(jax.jacfwd(lambda z: ravel_pytree(field(unravel(z)))[0]))(flat)
     b = unravel(jax.random.normal(jax.random.key(1), flat.shape, flat.dtype))
     _, jvp = jax.linearize(field, y)
     vjp = lambda w: jax.linear_transpose(jvp, y)(w)[0]
+    solve = jax.jit(lambda b, c: stiff.KroneckerSchur(stiff._flow_weights).factor(jvp, vjp, y, args, c)(b))
     assert isinstance(stiff.stiff_solver(model, system).stage_solve, stiff.KroneckerSchur)
     m = y[0].size  # ravel_pytree order: the M block (rows x tokens), then the tokens block a
     eps = np.finfo(flat.dtype).eps
     for c in (0.3, 1e5):  # a small step, and a step far past every decay time
         A = np.eye(flat.size) - c * np.asarray(J)
         expected = np.linalg.solve(A, np.asarray(ravel_pytree(b)[0]))
-        got = stiff.KroneckerSchur(stiff._flow_weights).factor(jvp, vjp, y, args, c)(b)
+        got = solve(b, c)
         # The tolerance is the two solves' rounding, derived from the system, not one CPU's. The dense
         # LU (partial pivoting) is backward stable: error <~ cond(A) eps |x|. The structured solve is
         # block elimination without pivoting between the blocks: x_a comes from the tokens block's
