@@ -75,10 +75,7 @@ def host_normals(key, start, *, n: int, shape: tuple, dtype) -> tuple:
     """`standard_normals(key, start, n=n, shape=shape, dtype=dtype)`: (V, a) of shapes
     (n, *shape) and (n, *shape[1:]), the draws of initializations start .. start + n - 1.
     `key`: a JAX key or its data (two uint32)."""
-    k = _data(key)
-    index = np.asarray(start, np.uint32) + np.arange(n, dtype=np.uint32)
-    # key_i = fold_in(key, start + i): the hash of the counter (0, start + i)
-    k1, k2 = threefry2x32(k[0], k[1], np.zeros(n, np.uint32), index)
+    k1, k2 = _init_keys(key, start, n)
     # split(key_i) -> (kv, ka): the hashes of the counters (0, 0) and (0, 1)
     zero, one = np.zeros(n, np.uint32), np.ones(n, np.uint32)
     kv, ka = threefry2x32(k1, k2, zero, zero), threefry2x32(k1, k2, zero, one)
@@ -93,10 +90,7 @@ def host_normals_per_init(key, start, *, n: int, shape: tuple, dtype):
     """`jax.vmap(lambda k: jax.random.normal(k, shape, dtype))(init_keys(key, n, start))`:
     shape (n, *shape), initialization i from fold_in(key, start + i). `key`: a JAX key or
     its data (two uint32)."""
-    k = _data(key)
-    index = np.asarray(start, np.uint32) + np.arange(n, dtype=np.uint32)
-    keys = threefry2x32(k[0], k[1], np.zeros(n, np.uint32), index)
-    z = _normal_of(_uniform(_bits(keys, int(np.prod(shape)), dtype).ravel(), dtype))
+    z = _normal_of(_uniform(_bits(_init_keys(key, start, n), int(np.prod(shape)), dtype).ravel(), dtype))
     return jax.numpy.asarray(z.reshape(n, *shape))
 
 
@@ -165,6 +159,14 @@ def host_stream(seed: int, i: int) -> np.ndarray:
     zero = np.zeros(1, np.uint32)
     k1, k2 = threefry2x32(np.uint32(0), np.uint32(seed), zero, np.full(1, i, np.uint32))
     return np.concatenate([k1, k2])
+
+
+def _init_keys(key, start, n: int) -> tuple:
+    """The data (k1, k2) of key_i = fold_in(key, start + i), i < n: the hashes of the
+    counters (0, start + i)."""
+    k = _data(key)
+    index = np.asarray(start, np.uint32) + np.arange(n, dtype=np.uint32)
+    return threefry2x32(k[0], k[1], np.zeros(n, np.uint32), index)
 
 
 def _data(key) -> np.ndarray:
