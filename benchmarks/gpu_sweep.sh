@@ -15,9 +15,13 @@ run() {  # label, extra args
     local label=$1; shift
     local out; out=$(mktemp -d)
     local start; start=$(date +%s.%N)
-    timeout "${LIMIT:-150}" "$PY" -m polarize.cli sweep --inits "$N" --out "$out" --overwrite --no-progress "$@" | head -1
+    # the whole output to a file, its first line printed after: a pipe into `head -1`
+    # would close before the command's last line
+    timeout "${LIMIT:-150}" "$PY" -m polarize.cli sweep --inits "$N" --out "$out" --overwrite --no-progress "$@" \
+        >"$out.log" 2>&1
+    head -1 "$out.log"
     echo "| $label | $* | $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s |"
-    rm -rf "$out"
+    rm -rf "$out" "$out.log"
 }
 "$PY" -c "import jax; print('devices:', jax.devices())"
 echo "| run | extra arguments | wall |"

@@ -1,6 +1,8 @@
 """The `polarize` command: a thin layer that parses, validates and calls the public API.
 
 Bad input ends with one line `polarize: error: ...` and exit status 2, no traceback.
+Output into a pipe whose reader has gone (`polarize sweep | head -1`) ends the command
+quietly with exit status 141, as a shell reports a writer a closed pipe stopped.
 
 Each command runs in two steps: `args.func(args)` parses and validates every argument
 without JAX (the config, the study file, the folder to resume) and returns the job;
@@ -272,7 +274,23 @@ def _start_jax(args) -> None:
         start_distributed()
 
 
+#: the exit status of a command whose output's reader went away (128 + SIGPIPE, as the
+#: shell reports a writer that a closed pipe ended)
+CLOSED_PIPE = 141
+
+
 def main(argv=None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # what is buffered goes out now, where a closed pipe is still caught
+            sys.stdout.flush()
+    except BrokenPipeError:  # `polarize sweep | head -1`: the reader is gone, not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later flushes go nowhere
+        return CLOSED_PIPE
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -167,6 +167,23 @@ def test_entry_point_exits_nonzero_without_traceback(tmp_path, entry):
     assert proc.stderr.strip().startswith("polarize: error: `norm` must be one of")
 
 
+@pytest.mark.parametrize("flush", [False, True], ids=["buffered", "flushed"])
+@pytest.mark.parametrize("entry", ["sys.exit(cli.main([]))", "cli.run()"], ids=["module", "command"])
+def test_output_into_a_closed_pipe_ends_quietly_with_status_141(entry, flush):
+    # `polarize sweep | head -1`: the reader is gone when the command writes its result line
+    # (a job that prints as `_run_sweep` does; a real sweep takes seconds to get there)
+    job = f"lambda argv: print('results: out', flush={flush}) or 0"
+    code = f"import sys; import polarize.cli as cli; cli._main = {job}; {entry}"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert proc.stderr == b""  # no traceback, no "Exception ignored" at exit
+    assert proc.returncode == 141
+
+
 def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     # `run` ends the process without Python's teardown: only after main's files are complete
     import tomllib
