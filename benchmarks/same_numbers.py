@@ -51,11 +51,13 @@ FILES = ("per_init.npz", "series.npz")
 _MAIN = "import sys; from polarize.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def run_sweeps(tree: Path, out: Path) -> None:
-    """Each sweep of `SWEEPS` with the polarize package found in `tree`, into out/<name>."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "JAX_ENABLE_X64": "1"}
+def run_sweeps(tree: Path, out: Path, names=tuple(SWEEPS), **environ: str) -> None:
+    """The sweeps `names` of `SWEEPS` with the polarize package found in `tree`, into
+    out/<name>, with the variables `environ` set besides this process's own."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "JAX_ENABLE_X64": "1", **environ}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    for name, args in SWEEPS.items():
+    for name in names:
+        args = SWEEPS[name]
         cmd = [sys.executable, "-c", _MAIN, "sweep", *args, "--out", str(out / name), "--no-progress"]
         done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
         if done.returncode not in (0, 1):  # 1: too many failed inits, still written
@@ -63,12 +65,12 @@ def run_sweeps(tree: Path, out: Path) -> None:
         print(f"  {name}: {done.stdout.strip().splitlines()[0]}")
 
 
-def compare(a: Path, b: Path) -> list[str]:
+def compare(a: Path, b: Path, names=tuple(SWEEPS)) -> list[str]:
     """The arrays that differ between two folders of `run_sweeps` (a: this tree, b: the
-    reference), as lines. An array only `a` has is new, printed and not a difference; one
-    only `b` has is lost, a difference."""
+    reference), as lines that say by how much. An array only `a` has is new, printed and
+    not a difference; one only `b` has is lost, a difference."""
     bad = []
-    for name in SWEEPS:
+    for name in names:
         for file in FILES:
             with np.load(a / name / file) as x, np.load(b / name / file) as y:
                 new, lost = sorted(set(x.files) - set(y.files)), sorted(set(y.files) - set(x.files))
@@ -78,8 +80,25 @@ def compare(a: Path, b: Path) -> list[str]:
                     bad.append(f"{name}/{file}: array(s) {lost} no longer stored")
                 for key in sorted(set(x.files) & set(y.files)):
                     if not np.array_equal(x[key], y[key], equal_nan=x[key].dtype.kind == "f"):
-                        bad.append(f"{name}/{file}:{key} differs")
+                        bad.append(f"{name}/{file}:{key} differs: {_how_much(x[key], y[key])}")
     return bad
+
+
+def _how_much(x: np.ndarray, y: np.ndarray) -> str:
+    """How many entries of two arrays of one shape differ, and (floats) the largest
+    relative difference among the finite ones."""
+    if x.shape != y.shape:
+        return f"shapes {x.shape} and {y.shape}"
+    same = x == y
+    if x.dtype.kind == "f":
+        same |= np.isnan(x) & np.isnan(y)
+    text = f"{np.sum(~same)} of {x.size} entries"
+    if x.dtype.kind == "f":
+        with np.errstate(all="ignore"):
+            rel = (np.abs(x - y) / np.maximum(np.abs(x), np.abs(y)))[~same]
+        rel = rel[np.isfinite(rel)]
+        text += f", largest relative difference {rel.max():.1e}" if rel.size else ", none finite in both"
+    return text
 
 
 def main(argv=None) -> int:

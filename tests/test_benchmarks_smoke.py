@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: the scripts that measure and record (same_numbers.py compares two trees' stored numbers:
-#: a check with no quick mode and no table, run by hand against a ref)
+#: the scripts that measure and record (same_numbers.py compares two trees' stored numbers,
+#: gpu_bits.py a GPU's compiles: checks with no quick mode and no table, run by hand)
+CHECKS = {"same_numbers.py", "gpu_bits.py"}
 SCRIPTS = sorted(
-    p.name
-    for p in (ROOT / "benchmarks").glob("*.py")
-    if not p.name.startswith("_") and p.name != "same_numbers.py"
+    p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_") and p.name not in CHECKS
 )
 
 
