@@ -1,15 +1,17 @@
-"""On a GPU, do a sweep's numbers depend on how its programs were compiled? One call, ~4 min.
+"""On a GPU, do a sweep's numbers depend on how its programs were compiled? One call, ~6 min.
 
 Run 4 (benchmarks/GPU.md) found a sweep's float64 measurements different with the CLI's
 compile cache (stored programs, XLA's persistent cache) and without it
 (POLARIZE_NO_CACHE=1) on an H100, while on CPU they are identical bit for bit. One of
 those sweeps (square to t1 = 1e4) has no stored program and runs the same traced code
 either way, so the question is XLA's GPU compile. This runs the two sweeps that differed
-(same_numbers.py's `default` and `square`) in five processes and compares them:
+(same_numbers.py's `default` and `square`) in seven rounds of processes and compares them:
 
 - without the cache, twice: do two fresh compiles of one program give the same bits?
 - with an empty cache: the stored programs against the first;
-- both again with XLA_FLAGS=--xla_gpu_deterministic_ops=true.
+- both again with XLA_FLAGS=--xla_gpu_deterministic_ops=true, and with autotuning off
+  (--xla_gpu_autotune_level=0): XLA's notes on determinism name autotuning, which picks
+  kernels by timing them, as what makes two compiles of one program differ.
 
     python3 benchmarks/gpu_bits.py          # on the GPU machine, from the repository root
     python benchmarks/gpu_bits.py --cpu     # the first three on this machine (all identical)
@@ -27,7 +29,8 @@ from pathlib import Path
 from same_numbers import ROOT, compare, run_sweeps
 
 NAMES = ("default", "square")
-DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
+#: XLA_FLAGS tried besides the default: tag -> flags
+FLAGS = {"det": "--xla_gpu_deterministic_ops=true", "noautotune": "--xla_gpu_autotune_level=0"}
 
 
 def main(argv=None) -> int:
@@ -55,11 +58,11 @@ def main(argv=None) -> int:
     run("cached", **cache())
     check("fresh1", "fresh2", "two fresh compiles")
     check("fresh1", "cached", "no cache against the cache")
-    if not args.cpu:
-        run("det_fresh", POLARIZE_NO_CACHE="1", XLA_FLAGS=DETERMINISTIC)
-        run("det_cached", XLA_FLAGS=DETERMINISTIC, **cache())
-        check("det_fresh", "det_cached", "deterministic ops: no cache against the cache")
-        check("fresh1", "det_fresh", "default flags against deterministic ops")
+    for tag, flags in {} if args.cpu else FLAGS.items():
+        run(f"{tag}_fresh", POLARIZE_NO_CACHE="1", XLA_FLAGS=flags)
+        run(f"{tag}_cached", XLA_FLAGS=flags, **cache())
+        check(f"{tag}_fresh", f"{tag}_cached", f"{flags}: no cache against the cache")
+        check("fresh1", f"{tag}_fresh", f"default flags against {flags}")
     return 0
 
 
