@@ -140,7 +140,8 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
         "info = _sharded.cache_info()\n"
         "assert info.misses == 1 and info.hits >= 1, info\n"
     )
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # the suite's own XLA flags too (conftest.py): the same compiler as this process
+    env = {**ENV, "XLA_FLAGS": f"{ENV.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()}
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "d2.npz")], env=env, check=True)
     two = np.load(tmp_path / "d2.npz")
     series = np.load(reference / "series.npz")  # the snapshots (snap_*) are stored apart
