@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 # XLA's older loop emitter for every CPU program the suite compiles (and, through the
 # environment, its subprocesses): the suite's time is mostly XLA compiling (about 600 s of
@@ -9,8 +11,21 @@ import os
 # statistics by up to 4e-14 relative and its hitting times by 1.5e-11; NOTES.md). The
 # product keeps XLA's defaults. To run the suite with them:
 # XLA_FLAGS=--xla_cpu_use_fusion_emitters=true python -m pytest
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_use_fusion_emitters=false".strip()
+EMITTER = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_accepts(flags: str) -> bool:
+    """Whether this jaxlib's XLA starts with `flags` in XLA_FLAGS: it ends the process on a
+    flag it does not know (older jaxlibs have no such emitter choice; a later one may drop
+    it), so the suite asks a subprocess once, and the xdist workers inherit the answer."""
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    code = "import jax; jax.numpy.zeros(1).block_until_ready()"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
+
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_cpu_use_fusion_emitters" not in _flags and _xla_accepts(f"{_flags} {EMITTER}".strip()):
+    os.environ["XLA_FLAGS"] = f"{_flags} {EMITTER}".strip()
 
 import jax  # noqa: E402
 
@@ -67,3 +82,7 @@ def compiles():
     if not _COMPILES:
         _COMPILES.append(_Compiles())
     return _COMPILES[0]
+
+
+def pytest_report_header(config):
+    return f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r} (tests/conftest.py)"
