@@ -16,8 +16,9 @@ EMITTER = "--xla_cpu_use_fusion_emitters=false"
 
 def _xla_accepts(flags: str) -> bool:
     """Whether this jaxlib's XLA starts with `flags` in XLA_FLAGS: it ends the process on a
-    flag it does not know (older jaxlibs have no such emitter choice; a later one may drop
-    it), so the suite asks a subprocess once, and the xdist workers inherit the answer."""
+    flag it does not know (pyproject allows jaxlibs from 0.4.35, which may predate this
+    option, and a later one may drop it), so the suite asks a subprocess once, and the
+    xdist workers inherit the answer (checked: one subprocess for `-n 2`)."""
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     code = "import jax; jax.numpy.zeros(1).block_until_ready()"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
