@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from polarize.figures._pyplot import decade_label, fixed_layout, log_scale, pyplot
+from polarize.figures._pyplot import decade_label, fixed_layout, log_scale, pyplot, short_axis_label
 
 
 @pytest.mark.parametrize("exponent", range(-12, 13))
@@ -52,3 +52,36 @@ def test_fixed_layout_keeps_its_margins_in_inches_at_any_size():
         for a, b in zip(boxes, boxes[1:]):
             assert (b.x0 - a.x1) * width == pytest.approx(1.0)
         plt.close(fig)
+
+
+def test_a_short_log_axis_labels_its_ticks_as_plain_numbers_that_do_not_collide(tmp_path):
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3)
+    for ax, (low, high) in zip(axes, [(50.0, 100.0), (20.0, 300.0), (1e-5, 1.0)], strict=True):
+        ax.plot([0, 1], [low, high])
+        ax.set_ylim(low, high)
+        log_scale(ax, "y", minor=True)
+    fig.savefig(tmp_path / "axes.png")
+
+    def shown(ax):
+        ticks = [*ax.get_yticklabels(), *ax.get_yticklabels(minor=True)]
+        return {t.get_position()[1]: t.get_text() for t in ticks if t.get_text()}
+
+    # under a decade: every tick, in plain digits (matplotlib would write 6x10^1 in mathtext)
+    within = {round(v): text for v, text in shown(axes[0]).items() if 50 <= v <= 100}
+    assert within == {v: str(v) for v in (50, 60, 70, 80, 90, 100)}
+    # one to two decades: 1, 2 and 5 times a power of ten only
+    within = {round(v): text for v, text in shown(axes[1]).items() if 20 <= v <= 300}
+    assert within == {20: "20", 50: "50", 100: "100", 200: "200"}
+    # more than two decades: the decades, as on a time axis
+    within = {v: text for v, text in shown(axes[2]).items() if 1e-5 <= v <= 1}
+    assert within and all(text == decade_label(v) for v, text in within.items())
+    plt.close(fig)
+
+
+def test_short_axis_labels_follow_the_axis_range():
+    assert short_axis_label(30.0, 20.0, 80.0) == "30"
+    assert short_axis_label(30.0, 20.0, 300.0) == "" and short_axis_label(200.0, 300.0, 20.0) == "200"
+    assert short_axis_label(30.0, 1.0, 1e4) == "" and short_axis_label(100.0, 1.0, 1e4) == decade_label(100.0)
+    assert short_axis_label(0.002, 1e-3, 1e-2) == "0.002"
+    assert short_axis_label(0.0, 1.0, 2.0) == "" and short_axis_label(5.0, 0.0, 10.0) == ""

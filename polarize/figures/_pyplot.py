@@ -11,7 +11,7 @@ labels fit; the ticks of logarithmic axes (a few artists each, minor ticks in ev
 decade) were most of the rest, and matplotlib labels their decades in mathtext
 ($10^{-3}$), parsed at every draw. Figures here lay out on fixed margins in inches
 (`fixed_layout`), and logarithmic time axes draw their decades only, labelled in plain
-text (`log_scale`).
+text (`log_scale`); short logarithmic axes label their ticks as plain numbers.
 """
 
 import math
@@ -41,20 +41,40 @@ def decade_label(value: float, _position=None) -> str:
     return f"10{str(nearest).translate(_SUPERSCRIPTS)}" if abs(exponent - nearest) < 1e-9 else ""
 
 
+def short_axis_label(value: float, low: float, high: float) -> str:
+    """The tick label of `value` on a logarithmic axis from `low` to `high`.
+
+    Over more than two decades, `decade_label`. Over fewer, where the decades alone would
+    leave one label or none, plain numbers: at every tick (20, 30, ..., 90, 100) over
+    less than 0.7 of a decade, at 1, 2 and 5 times a power of ten (20, 50, 100, 200)
+    over more, so that labels do not run into each other.
+    """
+    low, high = sorted((low, high))
+    if not (value > 0 and low > 0 and math.isfinite(high)) or math.log10(high / low) > 2:
+        return decade_label(value)
+    mantissa = round(value / 10.0 ** math.floor(math.log10(value) + 1e-9), 6)
+    shown = (1, 2, 5) if math.log10(high / low) > 0.7 else range(1, 10)
+    return f"{value:g}" if mantissa in shown else ""
+
+
 def log_scale(ax, axis: str = "x", *, minor: bool = False) -> None:
     """A logarithmic `axis` ("x" or "y") of `ax`, its decades labelled by `decade_label`.
 
     Time axes (from the first saved time to t1, many decades) draw no minor ticks: each
     tick is a few artists, and they were most of a figure's drawing. An axis of values
-    that may span less than a decade keeps them (`minor=True`), and with them
-    matplotlib's own labels where there is no decade to label.
+    that may span two decades or less keeps them (`minor=True`), labelled by
+    `short_axis_label` from the axis' range when it is drawn.
     """
     plt = pyplot()
     getattr(ax, f"set_{axis}scale")("log")
     scale = getattr(ax, f"{axis}axis")
-    scale.set_major_formatter(plt.FuncFormatter(decade_label))
     if not minor:
+        scale.set_major_formatter(plt.FuncFormatter(decade_label))
         scale.set_minor_locator(plt.NullLocator())
+        return
+    label = plt.FuncFormatter(lambda value, _position: short_axis_label(value, *scale.get_view_interval()))
+    scale.set_major_formatter(label)
+    scale.set_minor_formatter(label)
 
 
 def fixed_layout(fig, *, left=0.95, right=0.2, bottom=0.55, top=0.5, gap=1.0) -> None:

@@ -113,8 +113,10 @@ def _survival(ax, study, runs, y):
     ts = np.geomspace(start, horizon, 256)
     colors = pyplot().get_cmap("viridis")(np.linspace(0, 0.9, max(len(groups), 1)))
     for color, (key, v) in zip(colors, sorted(values.items()), strict=False):
-        label = ", ".join(f"{k}={value}" for k, value in zip(keys, key, strict=True))
-        ax.plot(ts, reached_by(v, ts), color=color, label=label or "all cells")
+        label = ", ".join(f"{k}={value}" for k, value in zip(keys, key, strict=True)) or "all cells"
+        share = reached_by(v, ts)
+        # curves that stay at 0 lie on each other: the legend says how many reached by t1
+        ax.plot(ts, share, color=color, label=f"{label}: {share[-1]:.0%} by t1")
     log_scale(ax, "x", minor=True)  # from the earliest crossing: a few decades
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("t" if runs[0][1].config.method == "flow" else "t = step x lr")
