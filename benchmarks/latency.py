@@ -32,6 +32,11 @@ from benchmarks._common import fmt, record, table  # noqa: E402
 
 CLI = "import sys; sys.argv[0] = 'polarize'; from polarize.cli import run; run()"  # the `polarize` command
 FLOOR = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"
+# a part of FLOOR that no code of ours touches: jax's own import of ml_dtypes
+ML_DTYPES = (
+    "import time; t = time.perf_counter(); import ml_dtypes; "
+    "print(ml_dtypes.__version__, time.perf_counter() - t)"
+)
 NOTEBOOK = """
 import sys, time
 import jax
@@ -143,6 +148,7 @@ def main() -> None:
         seconds["notebook's first flow"] = median(notebook, repeats)
         # FLOOR again at the end: a shared machine's speed drifts over the run's minute
         floors += [run(["-c", FLOOR], base)[0] for _ in range(repeats)]
+        ml_dtypes = [run(["-c", ML_DTYPES], base)[1].split() for _ in range(repeats)]
     seconds = {"FLOOR": statistics.median(floors), **seconds}
     floor = seconds["FLOOR"]
     for name, s in seconds.items():
@@ -164,7 +170,10 @@ def main() -> None:
     body = (
         f"Each row a fresh process, median of {repeats} run(s); FLOOR = a fresh Python importing jax "
         f"and running one jitted op ({fmt(floor)} s here: the median of {len(floors)} runs, half at "
-        f"the start and half at the end, {fmt(min(floors))}-{fmt(max(floors))} s).\n\n"
+        f"the start and half at the end, {fmt(min(floors))}-{fmt(max(floors))} s). Of FLOOR, "
+        f"jax's import of ml_dtypes {ml_dtypes[0][0]} takes "
+        f"{fmt(statistics.median(float(t) for _, t in ml_dtypes))} s on its own (0.05 s with "
+        "ml_dtypes 0.6.0: benchmarks/NOTES.md), and every ratio here moves with it.\n\n"
         + table(["what the user runs", "wall s", "x FLOOR", "target", "met"], rows)
     )
     record("g-latency", "(g) Time to result, as multiples of FLOOR", body, quick=args.quick)
