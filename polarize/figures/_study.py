@@ -101,6 +101,15 @@ def reached_by(times: np.ndarray, ts: np.ndarray) -> np.ndarray:
     return np.searchsorted(times, ts, side="right") / max(times.size, 1)
 
 
+def percent(share: float) -> str:
+    """`share` in whole percent, never rounded to 0% or 100% unless it is exactly that."""
+    if 0 < share < 0.01:
+        return "<1%"
+    if 0.99 < share < 1:
+        return ">99%"
+    return f"{share:.0%}"
+
+
 def _survival(ax, study, runs, y):
     """Per cell group (seeds pooled), the fraction of inits whose hitting time y is <= t:
     it reads where a median cannot (inf where fewer than half reached the level by t1)."""
@@ -116,7 +125,7 @@ def _survival(ax, study, runs, y):
         label = ", ".join(f"{k}={value}" for k, value in zip(keys, key, strict=True)) or "all cells"
         share = reached_by(v, ts)
         # curves that stay at 0 lie on each other: the legend says how many reached by t1
-        ax.plot(ts, share, color=color, label=f"{label}: {share[-1]:.0%} by t1")
+        ax.plot(ts, share, color=color, label=f"{label}: {percent(share[-1])} by t1")
     log_scale(ax, "x", minor=True)  # from the earliest crossing: a few decades
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("t" if runs[0][1].config.method == "flow" else "t = step x lr")

@@ -241,6 +241,13 @@ def test_the_other_cells_start_once_the_first_has_its_program(tmp_path, monkeypa
     )
 
 
+def test_the_survival_legend_rounds_to_0_or_100_percent_only_when_exact():
+    from polarize.figures._study import percent
+
+    shares = (0.0, 0.001, 0.005, 0.01, 0.45, 0.99, 0.995, 0.9999, 1.0)
+    assert [percent(x) for x in shares] == ["0%", "<1%", "<1%", "1%", "45%", "99%", ">99%", ">99%", "100%"]
+
+
 def test_the_survival_curve_is_the_fraction_reached_by_t():
     from polarize.figures._study import hitting_statistics, reached_by
 
