@@ -172,8 +172,8 @@ def main() -> None:
         f"and running one jitted op ({fmt(floor)} s here: the median of {len(floors)} runs, half at "
         f"the start and half at the end, {fmt(min(floors))}-{fmt(max(floors))} s). Of FLOOR, "
         f"jax's import of ml_dtypes {ml_dtypes[0][0]} takes "
-        f"{fmt(statistics.median(float(t) for _, t in ml_dtypes))} s on its own (0.05 s with "
-        "ml_dtypes 0.6.0: benchmarks/NOTES.md), and every ratio here moves with it.\n\n"
+        f"{fmt(statistics.median(float(t) for _, t in ml_dtypes))} s on its own (for other "
+        "versions see benchmarks/NOTES.md), and every ratio here moves with it.\n\n"
         + table(["what the user runs", "wall s", "x FLOOR", "target", "met"], rows)
     )
     record("g-latency", "(g) Time to result, as multiples of FLOOR", body, quick=args.quick)
