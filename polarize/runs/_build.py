@@ -36,7 +36,8 @@ from ..core._objectives import (
 )
 from ..core._prompt import LogisticLabels, SquareLabels, init_prompts, prompt_task
 from ..core._times import save_steps, save_times
-from ._programs import StoredProgram, programs_dir
+from ..solve._devices import stored_programs_dir
+from ._programs import StoredProgram
 
 #: objective name -> builder(key, config): the sweep's target, shared by every initialization.
 OBJECTIVES = {
@@ -74,7 +75,7 @@ def _normals(config, start: int, n: int) -> tuple:
     dtype, shape = str(jnp.result_type(float)), (config.dim, config.tokens)
     if host_seed(config.seed) and host_drawable(None, start, n, shape, dtype):
         return host_normals(host_stream(config.seed, 1), start, n=n, shape=shape, dtype=dtype)
-    return _normals_program(n, config.tokens, config.dim, dtype, programs_dir())(
+    return _normals_program(n, config.tokens, config.dim, dtype, stored_programs_dir())(
         np.asarray(config.seed, np.int64), np.asarray(start, np.uint32)
     )
 
@@ -95,7 +96,7 @@ def _direction(config) -> LogisticDirection:
             host_normal(host_stream(config.seed, 2), (config.dim,), jnp.result_type(float))
         )
     return LogisticDirection(
-        _direction_program(config.dim, programs_dir())(np.asarray(config.seed, np.int64))
+        _direction_program(config.dim, stored_programs_dir())(np.asarray(config.seed, np.int64))
     )
 
 
@@ -109,7 +110,7 @@ def _regression(config) -> Square:
     """`OBJECTIVES["square"]`: `conditioned_regression(stream(seed, 2), samples, dim, kappa)`
     (op by op, its lowering and a dozen small programs were ~0.3 s of a warm study's first
     cell; here kappa is an argument, so a grid over kappa runs one program)."""
-    program = _regression_program(config.samples or config.dim, config.dim, programs_dir())
+    program = _regression_program(config.samples or config.dim, config.dim, stored_programs_dir())
     return Square(*program(np.asarray(config.seed, np.int64), np.asarray(config.kappa, np.float64)))
 
 
@@ -127,9 +128,9 @@ def norm(config) -> AbstractNormalization:
 def objective(config) -> AbstractObjective:
     if config.model == "prompt":
         return PROMPT_OBJECTIVES[config.objective](prompt_data(config)[1])
-    if config.objective == "logistic" and programs_dir() is not None:
+    if config.objective == "logistic" and stored_programs_dir() is not None:
         return _direction(config)
-    if config.objective == "square" and programs_dir() is not None:
+    if config.objective == "square" and stored_programs_dir() is not None:
         return _regression(config)
     return OBJECTIVES[config.objective](stream(config.seed, 2), config)
 
@@ -150,7 +151,7 @@ def model(config, start: int, stop: int) -> AbstractModel:
 
 
 def value_model(config, start: int, stop: int):
-    if programs_dir() is not None:
+    if stored_programs_dir() is not None:
         V, a = _normals(config, start, stop - start)
         scales = dict(v_scale=config.v_scale, a_scale=config.a_scale, a_offset=config.a_offset)
         return scaled_ensemble(V, a, **scales, norm=norm(config))

@@ -1,4 +1,4 @@
-"""A sweep's traced programs kept across processes (`jax.export`), beside the compile cache.
+"""A sweep's traced programs kept across processes (`jax.export`), in the CLI's cache folder.
 
 XLA's persistent compilation cache skips the compile of a program a process has seen
 before, not its tracing: without this, every `polarize sweep` traced its solve again
@@ -16,11 +16,11 @@ a `.bin` file (the serialized program). One that does not match its key (stale),
 whose blob does not match its checksum or does not deserialize (corrupt), is rebuilt
 and overwritten, never used.
 
-Programs are stored only where the compile cache is on (the CLI; `POLARIZE_NO_CACHE`
-turns both off) and a run of blocks is on one device. A program that `jax.export`
-cannot serialize (host callbacks: the restarted solves of the stiff default) runs as
-before, traced in each process; its entry records that, so later processes do not
-try again.
+Programs are stored only where the CLI's cache is on (`programs/` beside XLA's `jax/`
+in `solve._devices.cache_dir()`; `POLARIZE_NO_CACHE` turns both off) and a run of
+blocks is on one device. A program that `jax.export` cannot serialize (host callbacks:
+the restarted solves of the stiff default) runs as before, traced in each process; its
+entry records that, so later processes do not try again.
 """
 
 import functools
@@ -38,15 +38,6 @@ from ._storage import _atomic_write
 FORMAT = 1
 #: The in-process stand-in of a program that cannot be exported.
 _NOT_EXPORTABLE = object()
-
-
-def programs_dir() -> Path | None:
-    """Where exported programs are stored: beside JAX's compilation cache, or None."""
-    cache = jax.config.jax_compilation_cache_dir
-    if not cache:
-        return None
-    cache = Path(cache)
-    return cache.with_name(cache.name + "-programs")
 
 
 @functools.cache

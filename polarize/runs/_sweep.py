@@ -31,7 +31,7 @@ import numpy as np
 from ..core._choices import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
 from ..figures._pyplot import pyplot
-from ..solve._devices import barrier, my_chunks
+from ..solve._devices import barrier, my_chunks, stored_programs_dir
 from ._build import value_stand_in
 from ._config import SweepConfig
 from ._drawing import FigureProcess
@@ -47,7 +47,7 @@ from ._folder import (
     settings_hash,
     stored_config,
 )
-from ._programs import StoredProgram, programs_dir, stored_value
+from ._programs import StoredProgram, stored_value
 from ._results import Gather, assemble, gathering
 from ._storage import write_json
 from ._store import ChunkStore
@@ -174,7 +174,7 @@ def _drawn_beside(config: SweepConfig, start: int, size: int, objective):
     run's stored `measure` on a stand-in of its shapes (`_build.value_stand_in`): the
     draws' compile (0.65 s) overlaps the solve's decision and trace instead of preceding
     them (a cold default sweep 6.9 -> 6.6 s). None where `measure` is not stored."""
-    if config.model != "value" or config.method != "flow" or programs_dir() is None:
+    if config.model != "value" or config.method != "flow" or stored_programs_dir() is None:
         return None
     pool = ThreadPoolExecutor(1)
     drawn = pool.submit(config.build_model, start, start + size)
@@ -200,7 +200,7 @@ def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | No
     included: the curvature depends on them), from the first block's `model`, and stored
     beside the programs (`stored_value`): a later process that finds both runs the
     program without loading the solvers (diffrax, optax) at all."""
-    folder = programs_dir()
+    folder = stored_programs_dir()
     if folder is None or config.method != "flow" or config.model != "value":
         return None  # (model prompt measures its token selection on the host: not one program)
     key = (config, folder)

@@ -9,7 +9,8 @@
   chunks whose index is p mod P (`my_chunks`); a barrier
   (`multihost_utils.sync_global_devices`) lets process 0 assemble the results.
 - Compilation cache: the CLI keeps compiled programs in a persistent cache
-  (`cache_dir()`), so repeated calls skip recompilation.
+  (`cache_dir()`: XLA's compiled code and a sweep's traced programs), so repeated calls
+  skip recompilation.
 - Compiled programs in memory: `release_programs_if_crowded` drops JAX's in-memory
   programs before a process runs out of memory maps (Linux's per-process limit).
 """
@@ -129,28 +130,44 @@ def barrier(name: str) -> None:
 
 
 def cache_dir() -> Path | None:
-    """Where the CLI keeps compiled programs: $POLARIZE_CACHE_DIR or ~/.cache/polarize/jax.
+    """Where the CLI keeps what it compiled: $POLARIZE_CACHE_DIR or ~/.cache/polarize.
 
-    None (no persistent cache) when POLARIZE_NO_CACHE is set to a non-empty value.
+    Inside it, `jax/` is XLA's compilation cache and `programs/` a sweep's traced programs
+    (`runs/_programs.py`); deleting the folder empties both. None (no persistent cache)
+    when POLARIZE_NO_CACHE is set to a non-empty value.
     """
     if os.environ.get("POLARIZE_NO_CACHE"):
         return None
-    return Path(os.environ.get("POLARIZE_CACHE_DIR", Path.home() / ".cache" / "polarize" / "jax"))
+    return Path(os.environ.get("POLARIZE_CACHE_DIR", Path.home() / ".cache" / "polarize"))
 
 
 def enable_compilation_cache() -> Path | None:
-    """Turn on JAX's persistent compilation cache at `cache_dir()` (if not disabled), for
-    every program however quick its compile."""
+    """Turn on JAX's persistent compilation cache in `cache_dir()` (if not disabled), for
+    every program however quick its compile; returns that folder."""
     path = cache_dir()
     if path is None:
         return None
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
+    (path / "jax").mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path / "jax"))
     # every program, the ~40 small ones too (argument checks, key derivation, the draws'
     # scaling, run op by op: 10-70 ms each to compile, ~1 s per process together)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    global _cache_root
+    _cache_root = path
     return path
+
+
+_cache_root: Path | None = None
+
+
+def stored_programs_dir() -> Path | None:
+    """Where a sweep's traced programs are kept: `programs/` of the folder that
+    `enable_compilation_cache` turned on, while JAX's compilation cache is still there;
+    None otherwise (a notebook, `POLARIZE_NO_CACHE`)."""
+    if _cache_root is None or jax.config.jax_compilation_cache_dir != str(_cache_root / "jax"):
+        return None
+    return _cache_root / "programs"
 
 
 def mapped_regions() -> int | None:

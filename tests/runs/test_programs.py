@@ -139,7 +139,7 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
 
     config = pz.SweepConfig(tokens=4, dim=3, inits=40, t1=1e3, n_save=8, **settings)
     folder = tmp_path / "programs"
-    monkeypatch.setattr(_sweep, "programs_dir", lambda: folder)
+    monkeypatch.setattr(_sweep, "stored_programs_dir", lambda: folder)
     _sweep._stored.cache_clear()
     for name in ("exported", "loaded"):
         monkeypatch.setattr(_sweep, "_COMPILED", set())  # the first run: compiled on a stand-in
@@ -151,7 +151,7 @@ def test_a_sweep_from_its_stored_program_has_the_numbers_of_a_traced_one(
         assert program.events == [name] and len(program._compiled) == 1
         _sweep._stored.cache_clear()  # as in a new process
         _sweep._DECIDED.clear()
-    monkeypatch.setattr(_sweep, "programs_dir", lambda: None)
+    monkeypatch.setattr(_sweep, "stored_programs_dir", lambda: None)
     pz.run_sweep(config, tmp_path / "traced")
     reference = np.load(tmp_path / "traced" / "per_init.npz")
     for name in ("exported", "loaded"):
@@ -211,6 +211,10 @@ def test_a_warm_sweep_runs_its_stored_program_without_loading_the_solvers(tmp_pa
 
     assert run("cold") == ["diffrax", "optax", "optimistix"]
     assert run("warm") == []
+    # all of it in the one cache folder (deleting it makes the next run cold), none beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "cold", "warm"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["jax", "programs"]
+    assert any((tmp_path / "cache" / "programs").glob("*.bin"))
     cold, warm = (np.load(tmp_path / name / "per_init.npz") for name in ("cold", "warm"))
     assert set(cold.files) == set(warm.files)
     for key in cold.files:
@@ -229,7 +233,7 @@ def test_a_sweeps_draws_from_stored_programs_are_the_drawn_ones(tmp_path, monkey
     monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", 0)  # jax.random's own draws
     expected = [config.build_model(*p) for p in pieces], config.build_objective()
     monkeypatch.setattr(_host_draws, "HOST_MAX_HASHES", host_max)
-    monkeypatch.setattr(_build, "programs_dir", lambda: tmp_path)
+    monkeypatch.setattr(_build, "stored_programs_dir", lambda: tmp_path)
     # drawn on the host where that is cheaper (a sweep of a few inits): the same bits
     host = [config.build_model(*p) for p in pieces], config.build_objective()
     assert _build._direction_program(3, tmp_path).events == []  # no program ran
@@ -264,7 +268,7 @@ def test_a_square_sweeps_data_from_its_stored_program_is_conditioned_regressions
         pz.conditioned_regression(_build.stream(c.seed, 2), c.samples or c.dim, c.dim, c.kappa)
         for c in configs
     ]
-    monkeypatch.setattr(_build, "programs_dir", lambda: tmp_path)
+    monkeypatch.setattr(_build, "stored_programs_dir", lambda: tmp_path)
     for events in (["exported"], ["loaded"]):
         _build._regression_program.cache_clear()  # a new process
         for config, want in zip(configs, expected, strict=True):
