@@ -114,8 +114,10 @@ def test_float32_mode_flows_in_float32_close_to_float64(compiles):
         assert tr.V.dtype == tr.weights.dtype == tr.ts.dtype == jnp.float32
         assert ref.V.dtype == jnp.float64
         assert bool(np.all(tr.ok))
-        # measured: 8e-6 (built in float32) and 3e-7 (cast); 5x headroom, far below a wrong field's O(0.1)
-        np.testing.assert_allclose(tr.weights, ref.weights, rtol=0, atol=4e-5)
+        # at rtol 1e-6 (8 float32 eps) rounding steers float32's step control, so the error
+        # moves with the CPU's code: measured 8e-6 to 1.2e-5 (built in float32) and 3e-7
+        # (cast) on two codegens; the bound is far below a wrong field's O(0.1)
+        np.testing.assert_allclose(tr.weights, ref.weights, rtol=0, atol=2e-4)
     d32 = pz.descend(m64, obj, 0.1, steps=50, n_save=2, precision="float32")
     assert d32.V.dtype == jnp.float32
     with pytest.raises(pz.PolarizeError, match="`precision` must be one of float32, float64"):

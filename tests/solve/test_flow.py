@@ -154,6 +154,10 @@ def test_single_initialization_has_no_batch_axis():
     single = pz.ValueAttention(m.V[0], m.a[0])
     traj = pz.flow(single, pz.random_direction(0, 3), t1=10.0, n_save=5)
     assert traj.weights.shape == (5, 4) and traj.V.shape == (5, 3, 4) and traj.ok.shape == ()
+    # the same solve as the batch of one (another program: compared to rounding)
+    batch = pz.flow(m, pz.random_direction(0, 3), t1=10.0, n_save=5)
+    np.testing.assert_allclose(traj.weights, batch.weights[0], rtol=1e-12)
+    np.testing.assert_allclose(traj.V, batch.V[0], rtol=1e-12, atol=1e-15)
 
 
 def test_batch_composition_does_not_change_results():

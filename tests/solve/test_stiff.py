@@ -256,3 +256,5 @@ def test_stiff_default_keeps_float32():
     model, obj = model_and_objective("cross-entropy", "softmax")
     traj = pz.flow(model, obj, t1=1e5, n_save=2, precision="float32", block_size=2)
     assert traj.V.dtype == jnp.float32 and np.all(np.asarray(traj.ok))
+    ref = pz.flow(model, obj, t1=1e5, n_save=2, block_size=2)  # float64
+    np.testing.assert_allclose(traj.weights, ref.weights, rtol=0, atol=1e-3)

@@ -235,8 +235,10 @@ def test_induction_data_invariants():
             seen_last |= pos == 9
         assert x.max() < tasks.induction_vocab(50, shift) and y.max() < tasks.induction_vocab(50, shift)
     assert seen_last
+    # the key decides the data: the same key the same sequences, another key others
     a, b = tasks.induction(jax.random.key(3), 5), tasks.induction(jax.random.key(3), 5)
     assert np.array_equal(a[0], b[0])
+    assert not np.array_equal(a[0], tasks.induction(jax.random.key(4), 5)[0])
 
 
 def test_classification_data_and_attack_invariants():
