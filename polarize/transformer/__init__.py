@@ -1,4 +1,5 @@
-"""Transformer lab: small transformers across attention maps (PAPER.md section 6).
+"""Transformer lab: small transformers across attention maps (Varre, Rofin &
+Flammarion, arXiv:2603.06248, section 6).
 
 The names below are imported from their modules on first use, as in every package of
 polarize: the lab pulls in matplotlib and its training code, which the other commands
