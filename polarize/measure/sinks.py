@@ -49,7 +49,10 @@ def _rows(attention, mass: str = SINK_MASS):
     if mass == "raw":
         return a, valid
     safe = xp.where(valid, total, xp.ones_like(total))
-    return w / safe[..., None], valid
+    # an inf weight makes its row inf / inf = NaN: the head is reported nonfinite, so
+    # NumPy's warning about it says nothing more
+    with np.errstate(invalid="ignore"):
+        return w / safe[..., None], valid
 
 
 def _mean_rows(xp, values, valid):

@@ -5,6 +5,7 @@ The lab's code (and JAX) is imported only once a command's arguments are valid.
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,10 @@ from ..core._choices import SINK_EPS, SINK_MASS, SINK_MASSES
 from ..core._errors import PolarizeError, check_choice, check_positive
 from ..runs._storage import read_npz
 from . import _pretrained  # no torch until a model is loaded
+
+# the figure formats matplotlib's own backends write (`FigureCanvasBase.get_supported_filetypes`,
+# less pgf, which needs LaTeX, and raw pixel dumps); listed here so that parsing needs no matplotlib
+FIGURE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
 def _list(kind):
@@ -24,25 +29,28 @@ def _list(kind):
 
 def _grid_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="result directory")
+    # default None: `_grid` tells an explicit `--preset` from the default, to refuse it with `--small`
     p.add_argument(
         "--preset",
-        default="cpu",
         help="cpu (the paper's budget on 2 CPU cores, < 25 min), small (seconds) or "
-        "paper (the paper's grid, a GPU job)",
+        "paper (the paper's grid, a GPU job) (default cpu)",
     )
     p.add_argument("--small", action="store_true", help="same as --preset small")
-    p.add_argument("--norms", help="comma-separated attention normalizations")
-    p.add_argument("--seeds", type=int, help="number of seeds per variant")
-    p.add_argument("--seed", type=int, help="base seed: run s uses fold_in(key(seed), s)")
-    p.add_argument("--heads", help="comma-separated head counts")
-    p.add_argument("--layers", help="comma-separated layer counts")
-    p.add_argument("--width", type=int, help="model width")
-    p.add_argument("--lr", help="comma-separated AdamW learning rates")
-    p.add_argument("--epochs", type=int, help="passes over the training set")
-    p.add_argument("--train-size", type=int, help="training sequences per seed")
-    p.add_argument("--batch", type=int, help="batch size")
-    p.add_argument("--positions", help="position encoding: add, concat, none or rope")
-    p.add_argument("--record-every", type=int, help="record the probe every this many steps (0: per epoch)")
+    preset = "(default: the preset's)"
+    p.add_argument("--norms", help=f"comma-separated attention normalizations {preset}")
+    p.add_argument("--seeds", type=int, help=f"number of seeds per variant {preset}")
+    p.add_argument("--seed", type=int, help="base seed: run s uses fold_in(key(seed), s) (default 0)")
+    p.add_argument("--heads", help=f"comma-separated head counts {preset}")
+    p.add_argument("--layers", help=f"comma-separated layer counts {preset}")
+    p.add_argument("--width", type=int, help=f"model width {preset}")
+    p.add_argument("--lr", help=f"comma-separated AdamW learning rates {preset}")
+    p.add_argument("--epochs", type=int, help=f"passes over the training set {preset}")
+    p.add_argument("--train-size", type=int, help=f"training sequences per seed {preset}")
+    p.add_argument("--batch", type=int, help=f"batch size {preset}")
+    p.add_argument("--positions", help=f"position encoding: add, concat, none or rope {preset}")
+    p.add_argument(
+        "--record-every", type=int, help=f"record the probe every this many steps (0: per epoch) {preset}"
+    )
     p.add_argument(
         "--overwrite", action="store_true", help="replace a result directory that holds a different config"
     )
@@ -62,21 +70,26 @@ def _parse_list(name: str, text, kind):
 
 def _grid(task: str, args):
     """Parse the lists; the job makes the lab's config (which checks the rest) and runs it."""
+    if args.small and args.preset not in (None, "small"):
+        raise PolarizeError(
+            f"`--small` is `--preset small`; give one of them, not both (got `--preset {args.preset}`)"
+        )
+    preset = "small" if args.small else (args.preset or "cpu")
     lists = {
         "norms": _parse_list("norms", args.norms, str),
         "heads": _parse_list("heads", args.heads, int),
         "layers": _parse_list("layers", args.layers, int),
         "lrs": _parse_list("lr", args.lr, float),
     }
-    return lambda: _run_grid(task, args, lists)
+    return lambda: _run_grid(task, args, preset, lists)
 
 
-def _run_grid(task: str, args, lists: dict) -> int:
+def _run_grid(task: str, args, preset: str, lists: dict) -> int:
     from . import experiments  # the lab's training code and figures: only when it runs
 
     config = experiments.make_config(
         task,
-        "small" if args.small else args.preset,
+        preset,
         **lists,
         seeds=args.seeds,
         seed=args.seed,
@@ -137,8 +150,11 @@ def _sinks(args):
         path = getattr(args, flag)
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise PolarizeError(f"`--{flag}` {path!r} is in no existing folder")
+        if path is not None and Path(path).is_dir():
+            raise PolarizeError(f"`--{flag}` {path!r} is a folder; name a file")
+    out = None if args.out is None else _figure_file(args.out)
     if args.model is not None:
-        return _sinks_model(args)
+        return _sinks_model(args, out)
     for flag in ("text", "token_ids", "revisions", "steps"):
         if getattr(args, flag) is not None:
             raise PolarizeError(f"`--{flag.replace('_', '-')}` applies to `--model` only, not to FILE")
@@ -150,8 +166,14 @@ def _sinks(args):
     except ValueError as e:
         raise PolarizeError(f"`FILE` {str(path)!r} is not a readable .npz: {e}") from None
     key = args.key
+    if key is None and not arrays:
+        raise PolarizeError(f"`FILE` {str(path)!r} holds no arrays")
+    if key is None and "attention" not in arrays and len(arrays) > 1:
+        raise PolarizeError(
+            f"`FILE` {str(path)!r} holds several arrays ({', '.join(arrays)}); name one with `--key`"
+        )
     if key is None:
-        key = "attention" if "attention" in arrays else (next(iter(arrays)) if len(arrays) == 1 else None)
+        key = "attention" if "attention" in arrays else next(iter(arrays))
     if key not in arrays:
         raise PolarizeError(f"`--key` must be one of {', '.join(arrays)}; got {key!r}")
     a = np.asarray(arrays[key])
@@ -160,9 +182,32 @@ def _sinks(args):
             f"`--key` {key!r} must hold numbers shaped [heads, q, k], [layers, heads, q, k] "
             f"or [batch, layers, heads, q, k]; got {a.dtype} {a.shape}"
         )
+    axes = ("batch", "layers", "heads", "queries", "keys")[-a.ndim :]
+    empty = [name for name, n in zip(axes, a.shape) if n == 0]
+    if empty:
+        raise PolarizeError(
+            f"`FILE` {str(path)!r} holds maps with no {' and no '.join(empty)}: {key!r} is shaped {a.shape}"
+        )
     if a.shape[-1] == a.shape[-2] and not args.k < a.shape[-1]:
         raise PolarizeError(f"`--k` must be a key position in 0..{a.shape[-1] - 1}; got {args.k}")
-    return lambda: _run_sinks(args, path, key, a)
+    return lambda: _run_sinks(args, path, key, a, out or path.with_suffix(".png"))
+
+
+def _figure_file(out: str) -> Path:
+    """The figure file of `--out`: `.png` added when it has no suffix (as matplotlib would);
+    refused when its suffix is no format matplotlib writes, or it names a folder."""
+    name = os.fspath(out)
+    suffix = os.path.splitext(name)[1][1:]
+    if not suffix:
+        name = name.rstrip(".") + ".png"
+    elif suffix.lower() not in FIGURE_FORMATS:
+        raise PolarizeError(
+            f"`--out` must end in one of {', '.join('.' + f for f in FIGURE_FORMATS)} "
+            f"(or no suffix: .png); got {out!r}"
+        )
+    if Path(name).is_dir():
+        raise PolarizeError(f"`--out` {out!r} would write {name!r}, which is a folder; name a file")
+    return Path(name)
 
 
 def _sink_code():
@@ -174,11 +219,10 @@ def _sink_code():
     return sinks, figures
 
 
-def _run_sinks(args, path: Path, key: str, a: np.ndarray) -> int:
+def _run_sinks(args, path: Path, key: str, a: np.ndarray, out: Path) -> int:
     sinks, figures = _sink_code()
     table = sinks.head_table(a, eps=args.eps, key=args.k, mass=args.mass)
     print(sinks.format_table(table, eps=args.eps))
-    out = Path(args.out) if args.out else path.with_suffix(".png")
     figures.heatmap(table, out, title=f"{path.name}: {key}")
     print(f"figure: {out}")
     if args.json:
@@ -255,13 +299,15 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
-def _sinks_model(args):
+def _sinks_model(args, out: Path | None):
     missing = _pretrained.missing_packages()
     if missing:
         raise PolarizeError(f"`--model` needs {' and '.join(missing)}: {_pretrained.LLM_EXTRA}")
     if args.key is not None:
         raise PolarizeError("`--key` applies to FILE only, not to `--model`")
-    if (args.text is None) == (args.token_ids is None):
+    if args.text is not None and args.token_ids is not None:
+        raise PolarizeError("give `--text FILE` or `--token-ids FILE.npy` with `--model`, not both")
+    if args.text is None and args.token_ids is None:
         raise PolarizeError("`--model` needs either `--text FILE` or `--token-ids FILE.npy`")
     max_tokens = check_positive("--max-tokens", args.max_tokens, integer=True)
     if not args.k < max_tokens:
@@ -294,7 +340,7 @@ def _sinks_model(args):
             raise PolarizeError(f"`--k` must be below the number of tokens ({shortest}); got {args.k}")
     else:
         source = _read_lines(Path(args.text))
-    return lambda: _run_sinks_model(args, checkpoints, steps, source, max_tokens)
+    return lambda: _run_sinks_model(args, checkpoints, steps, source, max_tokens, out)
 
 
 def _sequences(args, model, name: str, revision, source, max_tokens: int) -> list[np.ndarray]:
@@ -317,7 +363,7 @@ def _sequences(args, model, name: str, revision, source, max_tokens: int) -> lis
     return source
 
 
-def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
+def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int, out: Path | None) -> int:
     import transformers
 
     sinks, figures = _sink_code()
@@ -362,13 +408,13 @@ def _run_sinks_model(args, checkpoints, steps, source, max_tokens: int) -> int:
             )
         )
     if len(checkpoints) == 1:
-        out = Path(args.out or "sinks.png")
+        out = out or Path("sinks.png")
         figures.heatmap(table, out, title=rows[0]["checkpoint"])
         print(f"figure: {out}")
     else:
         import pandas as pd
 
-        out = Path(args.out or "sinks-series.png")
+        out = out or Path("sinks-series.png")
         frame = pd.DataFrame(rows)
         frame.to_csv(out.with_suffix(".csv"), index=False)
         figures.sink_series(frame, out, title=f"Sink_{args.k}^{args.eps}, mass {args.mass}")
@@ -386,9 +432,11 @@ def add_subcommands(subparsers) -> None:
     p.add_argument(
         "--shift-query",
         action=argparse.BooleanOptionalAction,
-        help="write the repeated (query) token as token + vocab (the paper's default: on)",
+        help="write the repeated (query) token as token + vocab (default on, as in the paper)",
     )
-    p.add_argument("--aux-weight", type=float, help="weight of the loss at the non-final positions (0.2)")
+    p.add_argument(
+        "--aux-weight", type=float, help="weight of the loss at the non-final positions (default 0.2)"
+    )
     p.set_defaults(func=lambda a: _grid("induction", a))
     p = subparsers.add_parser("classify", help="train classifiers, attack single tokens")
     _grid_options(p)
@@ -422,7 +470,11 @@ def add_subcommands(subparsers) -> None:
         default=SINK_MASS,
         help=f"how rows are read: {', '.join(SINK_MASSES)} (default {SINK_MASS}: |A| / sum |A|)",
     )
-    p.add_argument("--out", help="figure PNG (default: FILE with .png, sinks.png, sinks-series.png)")
+    p.add_argument(
+        "--out",
+        help=f"figure file, {', '.join(FIGURE_FORMATS)} (no suffix: .png; default: FILE with .png, "
+        "sinks.png, sinks-series.png)",
+    )
     p.add_argument("--json", help="also write alpha [layers][heads], sink_rate, ... to this JSON file")
     p.add_argument("--k", type=int, default=0, help="key position k of Sink_k^eps (default 0)")
     p.add_argument("--eps", type=float, default=SINK_EPS, help="threshold eps (default 0.3)")

@@ -208,7 +208,10 @@ BAD = {
     "an empty text file": ("--model {d}/gpt2 --text {d}/empty.txt", "has no non-empty line"),
     "k >= tokens (ids)": ("--model {d}/gpt2 --k 4 " + IDS, "`--k` must be below"),
     "k >= tokens (text)": ("--model {d}/gpt2 --text {d}/short.txt --k 2", "`--k` must be below"),
-    "text and ids": ("--model {d}/gpt2 --text {d}/empty.txt " + IDS, "either `--text FILE` or `--token-ids"),
+    "text and ids": (
+        "--model {d}/gpt2 --text {d}/empty.txt " + IDS,
+        "`--token-ids FILE.npy` with `--model`, not both",
+    ),
     "longer than the positions": ("--model {d}/gpt2 --token-ids {d}/long.npy", "takes at most 64 tokens"),
     "an unknown mass": ("--model {d}/gpt2 --mass signed " + IDS, "`--mass`"),
     "two models, revisions": ("--model {d}/gpt2 {d}/gpt2 --revisions a " + IDS, "needs exactly one"),

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import warnings
 
 import equinox as eqx
 import jax
@@ -537,13 +538,90 @@ def test_sinks_cli_overall_share_bidirectional_and_k(tmp_path, capsys):
         (["sinks", "missing.npz"], "`FILE` must be an existing .npz file; got 'missing.npz'"),
         (["sinks", "MAPS", "--key", "nope"], "`--key` must be one of attention, flat; got 'nope'"),
         (["sinks", "MAPS", "--key", "flat"], "`--key` 'flat' must hold numbers shaped"),
+        (
+            ["sinks", "MAPS", "--out", "x.txt"],
+            r"`--out` must end in one of \.png, \.pdf, \.svg, .*\(or no suffix: \.png\); got 'x.txt'$",
+        ),
+        (["sinks", "MAPS", "--out", "DIR"], "`--out` '.*' is a folder; name a file$"),
+        (["sinks", "MAPS", "--out", "DIR/sub"], "`--out` '.*sub' would write '.*sub.png', which is a folder"),
+        (["sinks", "MAPS", "--json", "DIR"], "`--json` '.*' is a folder; name a file$"),
+        (["sinks", "--model", "m", "--text", "t", "--token-ids", "i.npy"], "not both$"),
+        (
+            ["induction", "--small", "--preset", "paper", "--out", "RUN"],
+            r"`--small` is `--preset small`; give one of them, not both \(got `--preset paper`\)",
+        ),
+        (["classify", "--preset", "cpu", "--small", "--out", "RUN"], "not both"),
     ],
 )
-def test_bad_cli_input_messages(argv, message, tmp_path, capsys):
+def test_bad_cli_input_messages(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("polarize.transformer._pretrained.missing_packages", lambda: [])
     storage.write_npz(tmp_path / "maps.npz", {"attention": np.ones((2, 3, 3)), "flat": np.ones(3)})
-    argv = [str(tmp_path / "maps.npz") if a == "MAPS" else a for a in argv]
-    assert polarize_main(argv) == 2
-    assert re.search(message, capsys.readouterr().out)
+    (tmp_path / "sub.png").mkdir()
+    swap = {"MAPS": str(tmp_path / "maps.npz"), "DIR": str(tmp_path), "DIR/sub": str(tmp_path / "sub")}
+    swap["RUN"] = str(tmp_path / "run")  # a refusal runs nothing: nothing there afterwards
+    assert polarize_main([swap.get(a, a) for a in argv]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("polarize: error: ") and out.count("\n") == 1
+    assert re.search(message, out.strip()), out
+    assert not (tmp_path / "maps.png").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        (
+            {"attention": np.zeros((2, 2, 0, 0))},
+            "holds maps with no queries and no keys: 'attention' is shaped",
+        ),
+        ({"maps": np.zeros((0, 3, 3))}, "holds maps with no heads: 'maps' is shaped"),
+        ({"a": np.ones((1, 3, 3)), "b": np.ones(3)}, "holds several arrays (a, b); name one with `--key`"),
+        ({}, "holds no arrays"),
+    ],
+)
+def test_sinks_cli_names_the_file_it_cannot_read_maps_from(arrays, message, tmp_path, capsys):
+    storage.write_npz(tmp_path / "maps.npz", arrays)
+    assert polarize_main(["sinks", str(tmp_path / "maps.npz")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith(f"polarize: error: `FILE` {str(tmp_path / 'maps.npz')!r} {message}")
+    assert out.count("\n") == 1
+
+
+def test_sinks_cli_prints_the_figure_file_it_wrote(tmp_path, capsys):
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from polarize.transformer.cli import FIGURE_FORMATS
+
+    assert set(FIGURE_FORMATS) <= set(FigureCanvasBase.get_supported_filetypes())
+    storage.write_npz(tmp_path / "maps.npz", {"attention": np.tile(np.eye(3), (2, 1, 1))})
+    for out, written in [("fig", "fig.png"), ("fig.", "fig.png"), ("fig.PDF", "fig.PDF")]:
+        assert polarize_main(["sinks", str(tmp_path / "maps.npz"), "--out", str(tmp_path / out)]) == 0
+        assert f"figure: {tmp_path / written}\n" in capsys.readouterr().out
+        assert (tmp_path / written).stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.PDF", "fig.png", "maps.npz"]
+
+
+def test_sinks_cli_reports_inf_maps_without_a_numpy_warning(tmp_path, capsys):
+    a = np.zeros((2, 3, 4, 4))
+    a[..., 0] = 1.0
+    a[0, 1, 2, 1] = np.inf  # row 2 of head (0, 1): inf / inf
+    storage.write_npz(tmp_path / "maps.npz", {"attention": a})
+    for mass in ("abs", "positive"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert polarize_main(["sinks", str(tmp_path / "maps.npz"), "--mass", mass]) == 0
+        assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+        text = capsys.readouterr().out
+        assert re.search(r"^    0    1 +nan +nan +nan +nan nonfinite$", text, re.M), text
+        assert "Sink_0^0.3 = 100.0% (5 of 5 finite heads; 1 nonfinite)" in text
+
+
+@pytest.mark.parametrize("command", ["induction", "classify"])
+def test_grid_help_shows_the_defaults(command, capsys):
+    with pytest.raises(SystemExit):
+        polarize_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "paper (the paper's grid, a GPU job) (default cpu)" in text
+    assert "--seeds SEEDS number of seeds per variant (default: the preset's)" in text
 
 
 def test_non_empty_out_without_config_is_refused(tmp_path, capsys):
