@@ -84,7 +84,7 @@ def _add_sweep(sub) -> None:
     add("--p-scale", float, "model prompt: p(0) ~ p_scale N(0, I)")
     add("--seed", int, "the i-th initialization derives from (seed, i)")
     add("--n-save", int, "saved times per trajectory (log-spaced)")
-    add("--snapshots", int, "saved times kept per initialization for figures")
+    add("--snapshots", int, "saved times kept per initialization for figures (at most --n-save)")
     add("--threshold", float, "one-hot threshold on max weight")
     add("--levels", float, "max-weight levels in (0, 1] whose hitting times are measured", nargs="+")
     add("--loss-fraction", float, "hitting time of the loss falling to this fraction of L(0)")
@@ -97,7 +97,9 @@ def _add_sweep(sub) -> None:
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/sweep-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR", help="continue the run in DIR")
-    p.add_argument("--sample", type=int, default=0, help="keep full trajectories of the first N inits")
+    p.add_argument(
+        "--sample", type=int, default=0, help="keep full trajectories of the first N inits (at most --inits)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--force", action="store_true", help="run even where the memory estimate exceeds the memory available"

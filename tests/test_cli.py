@@ -116,6 +116,8 @@ def test_sweep_square_gd_and_null_order_statistics(tmp_path, capsys):
         (["--t1", "nan"], "`t1` must be a positive finite number; got nan"),
         (["--kappa", "0.5"], "`kappa` must be >= 1; got 0.5"),
         (["--v-scale", "inf"], "`v_scale` must be finite; got inf"),
+        (["--v-scale", "-1"], r"`v_scale` must be >= 0 \(a standard deviation\); got -1.0"),
+        (["--a-scale", "-0.1"], r"`a_scale` must be >= 0 \(a standard deviation\); got -0.1"),
         (["--threshold", "1.5"], r"`threshold` must be in \(0, 1\]; got 1.5"),
         (["--levels", "0.5", "1.5"], r"`levels` must be numbers in \(0, 1\]; got \[0.5, 1.5\]"),
         (["--levels", "0"], r"`levels` must be numbers in \(0, 1\]; got \[0.0\]"),

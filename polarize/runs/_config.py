@@ -143,6 +143,11 @@ class SweepConfig:
             value = getattr(self, name)
             if not np.isfinite(value):
                 raise PolarizeError(f"`{name}` must be finite; got {value!r}")
+        for name in ("v_scale", "a_scale", "p_scale"):  # standard deviations of the draws
+            if getattr(self, name) < 0:
+                raise PolarizeError(
+                    f"`{name}` must be >= 0 (a standard deviation); got {getattr(self, name)!r}"
+                )
         if self.kappa < 1:
             raise PolarizeError(f"`kappa` must be >= 1; got {self.kappa!r}")
         if not 0 < self.threshold <= 1:
@@ -156,9 +161,12 @@ class SweepConfig:
         with where it applies: [("temperature", "only for norm softmax"), ...]."""
         out = []
         for name in names:
-            rules = _APPLIES.get(name, ())
-            if not all(getattr(self, setting) in values for setting, values in rules):
-                where = " and ".join(f"{setting} {' or '.join(values)}" for setting, values in rules)
+            alternatives = _APPLIES_EITHER.get(name, (_APPLIES.get(name, ()),))
+            if not any(all(getattr(self, s) in values for s, values in rules) for rules in alternatives):
+                where = ", or ".join(
+                    " and ".join(f"{setting} {' or '.join(values)}" for setting, values in rules)
+                    for rules in alternatives
+                )
                 out.append((name, f"only for {where}"))
         return out
 
@@ -256,6 +264,8 @@ _APPLIES = {
     **{name: (("model", ("value",)),) for name in ("a_scale", "a_offset")},
     **{name: (("model", ("prompt",)),) for name in ("train", "p_scale")},
 }
+#: settings used under any one of several such conditions
+_APPLIES_EITHER = {"v_scale": ((("model", ("value",)),), (("model", ("prompt",)), ("train", ("vp",))))}
 #: Settings that only choose the numbers a sweep starts from (its initializations and
 #: data) or what is made of its results afterwards, never the program that solves and
 #: measures a piece: `SweepConfig.program` resets them, so that cells of a study that

@@ -316,6 +316,11 @@ def test_a_study_over_the_init_scale(tmp_path, capsys):
             ["--model", "prompt", "--objective", "square", "--train", "pv"],
             "`train` must be one of p, vp; got 'pv'",
         ),
+        (  # v stays the task's: a v_scale would only enter config.json
+            ["--model", "prompt", "--objective", "square", "--v-scale", "0.5"],
+            "--v-scale (only for model value, or model prompt and train vp)",
+        ),
+        (["--model", "prompt", "--objective", "square", "--p-scale", "-1"], "`p_scale` must be >= 0"),
     ],
 )
 def test_bad_prompt_settings_are_one_line(args, says, tmp_path, capsys):
