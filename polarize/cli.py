@@ -302,6 +302,21 @@ def _main(argv) -> int:
     except PolarizeError as e:
         print(f"polarize: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # XLA could not allocate a program's buffers: one line, not a traceback
+        if "RESOURCE_EXHAUSTED" not in str(e) or "jax" not in sys.modules:
+            raise
+        import jax
+
+        if not isinstance(e, jax.errors.JaxRuntimeError):
+            raise
+        reason = str(e).strip().splitlines()[0]
+        print(
+            f"polarize: error: out of memory ({reason}); finished chunks are on disk. Ask for less "
+            "at once: --chunk-size, --n-save or --samples for a sweep (see the memory estimate "
+            "in docs/cli.md)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("polarize: interrupted; finished work is on disk", file=sys.stderr)
         return 130

@@ -64,33 +64,65 @@ AT_ONCE_CPU = 16 * BLOCK_SIZE
 
 
 #: Memory of a CPU sweep, measured (benchmarks/NOTES.md, "Memory estimate"): the process
-#: itself (JAX, its programs), and per initialization in flight, float64 arrays of the
-#: data's size (the field's residuals and the solver's stages) and of the state's. The
-#: state's count was 40 when measured; the hitting times' carry has since kept, per
-#: target (four by default), the dense output of the step that crossed (9 states for
-#: Tsit5) instead of its start and slope (2): 28 more.
+#: itself (JAX, its programs); per initialization in flight, float64 arrays of the state's
+#: size (the solver's stages, the hitting times' carry: the dense output of the step that
+#: crossed, per target) and, for model prompt, of the data's (its residuals over every
+#: token of every sample, not measured); and, where the objective holds data, the loss at
+#: the saved times evaluated over every sample of a block at once: one (block, samples)
+#: float64 array per saved time, per block in flight (peak RSS followed this term alone,
+#: 1.4-7.1 GB at 5,000-50,000 samples).
+#: XLA allocates that block's saved-time losses as one buffer of two such arrays per saved
+#: time (26.2 GB asked for at 200,000 samples), more than peak RSS shows: where the buffer
+#: alone exceeds the memory available, the allocation fails whatever the chunk size.
 BASE_BYTES = 0.7e9
 DATA_ARRAYS = 4
 STATE_ARRAYS = 68
+SAVED_LOSS_ARRAYS = 2
 
 
-def memory_estimate(config: SweepConfig, threads: int) -> tuple[float, int]:
+def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None) -> tuple[float, int]:
     """(bytes, initializations in flight) of a CPU sweep of `config` at its peak, about:
     the process, plus per initialization in flight (`AT_ONCE_CPU` per thread, at most a
-    chunk) its data-sized arrays (logistic-data and square hold the residual over every
-    sample), its state and, where the sweep keeps trajectories, its saved states."""
+    chunk, or `flight`) its state, model prompt's data-sized arrays and, where the sweep
+    keeps trajectories, its saved states; plus the saved times' losses over the data of
+    each block in flight, and square's SVD (LAPACK's U is samples x samples)."""
     config = config.resolved()
-    flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
+    if flight is None:
+        flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
+    block = config.block_size
+    blocks = min(threads, -(-flight // block))
     samples = config.data_samples() or 0
+    need = BASE_BYTES
     if config.model == "prompt":  # residuals over every token of every sample; state (v, p)
         data, state, saved = samples * config.tokens, 2 * config.dim, 2 * config.dim + samples * config.tokens
+        per_init = DATA_ARRAYS * data + STATE_ARRAYS * state
     else:
-        data, state = samples, (config.dim + 2) * config.tokens
-        saved = state
-    per_init = DATA_ARRAYS * data + STATE_ARRAYS * state
+        state = saved = (config.dim + 2) * config.tokens
+        per_init = STATE_ARRAYS * state
+        need += 8.0 * blocks * block * config.n_save * samples
+        if config.objective == "square":
+            need += 8.0 * samples**2
     if config.method == "gd" or config.objective in ("square", "cross-entropy") or config.model == "prompt":
         per_init += config.n_save * (saved + 2)  # trajectories kept for their statistics
-    return BASE_BYTES + 8.0 * flight * per_init, flight
+    return need + 8.0 * flight * per_init, flight
+
+
+def largest_buffer(config: SweepConfig) -> tuple[float, str]:
+    """(bytes, what) of a sweep's largest single allocation, about, where it grows with the
+    data: a block's losses at the saved times over every sample, or square's SVD (LAPACK's
+    U, samples x samples); (0, "") where it does not."""
+    config = config.resolved()
+    samples = config.data_samples() or 0
+    if config.model == "prompt" or not samples:
+        return 0.0, ""
+    saved_loss = 8.0 * SAVED_LOSS_ARRAYS * config.block_size * config.n_save * samples
+    svd = 8.0 * samples**2 if config.objective == "square" else 0.0
+    if svd > saved_loss:
+        return svd, "the data's SVD, samples x samples; use fewer --samples"
+    return (
+        saved_loss,
+        "a block's losses at every saved time over every sample; use fewer --n-save or --samples",
+    )
 
 
 def _available_memory() -> float | None:
@@ -109,14 +141,31 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
     available = _available_memory()
     if force or available is None or jax.default_backend() != "cpu":
         return
+    buffer, what = largest_buffer(config)
+    if buffer > available:
+        raise PolarizeError(
+            f"this sweep needs one buffer of about {buffer / 1e9:.1f} GB and {available / 1e9:.1f} GB "
+            f"are available ({what}), or pass --force to run it anyway"
+        )
     threads = cpu_threads()
     need, flight = memory_estimate(config, threads)
     if need <= available:
         return
-    per_init = (need - BASE_BYTES) / flight
     block = config.resolved().block_size
-    fits = int((available - BASE_BYTES) // per_init) // block * block
-    hint = f"--chunk-size {fits} (the numbers do not depend on it)" if fits >= 1 else "smaller --samples"
+    fits = next(
+        (
+            n
+            for n in range(flight // block * block, 0, -block)
+            if memory_estimate(config, threads, n)[0] <= available
+        ),
+        None,
+    )
+    if fits is not None:
+        hint = f"--chunk-size {fits} (the numbers do not depend on it)"
+    elif config.data_samples():
+        hint = "fewer --n-save (each saved time's loss spans every sample) or --samples"
+    else:
+        hint = "fewer --n-save or a smaller model"
     raise PolarizeError(
         f"this sweep needs about {need / 1e9:.1f} GB of memory ({flight} initializations in flight "
         f"on {threads} threads) and {available / 1e9:.1f} GB are available; use {hint}, "
