@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core._choices import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
+from ..core._trajectory import OBSERVE_BUDGET
 from ..figures._pyplot import pyplot
 from ..solve._devices import barrier, my_chunks, stored_programs_dir
 from ._build import value_stand_in
@@ -64,28 +65,33 @@ AT_ONCE_CPU = 16 * BLOCK_SIZE
 
 
 #: Memory of a CPU sweep, measured (benchmarks/NOTES.md, "Memory estimate"): the process
-#: itself (JAX, its programs); per initialization in flight, float64 arrays of the state's
-#: size (the solver's stages, the hitting times' carry: the dense output of the step that
-#: crossed, per target) and, for model prompt, of the data's (its residuals over every
-#: token of every sample, not measured); and, where the objective holds data, the loss at
-#: the saved times evaluated over every sample of a block at once: one (block, samples)
-#: float64 array per saved time, per block in flight (peak RSS followed this term alone,
-#: 1.4-7.1 GB at 5,000-50,000 samples).
-#: XLA allocates that block's saved-time losses as one buffer of two such arrays per saved
-#: time (26.2 GB asked for at 200,000 samples), more than peak RSS shows: where the buffer
-#: alone exceeds the memory available, the allocation fails whatever the chunk size.
-BASE_BYTES = 0.7e9
+#: itself (JAX, its programs: 0.33 GB for 128 toy inits); per initialization in flight,
+#: about 100 float64 arrays of the state's size (the solver's stages, the hitting times'
+#: carry, the per-init results; 65 KB at T = d = 8) and, for model prompt, 4 of the data's
+#: (its residuals over every token of every sample; prompt sweeps were not measured); per
+#: block in flight, where the objective holds data, 4 arrays over every sample per
+#: initialization (the residuals) and, per saved state it observes at once
+#: (`saved_at_once`), 2 more (the loss over every sample: XLA's buffer of two arrays).
+BASE_BYTES = 0.35e9
+STATE_ARRAYS = 100
 DATA_ARRAYS = 4
-STATE_ARRAYS = 68
 SAVED_LOSS_ARRAYS = 2
+
+
+def saved_at_once(config: SweepConfig) -> int:
+    """How many saved states a block observes at once (`core._trajectory.over_saved`):
+    all of them, unless the objective's data is past `OBSERVE_BUDGET`."""
+    config = config.resolved()
+    data = (config.data_samples() or 0) * config.dim  # X, samples x dim: the largest array
+    return min(config.n_save, max(1, OBSERVE_BUDGET // data)) if data else config.n_save
 
 
 def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None) -> tuple[float, int]:
     """(bytes, initializations in flight) of a CPU sweep of `config` at its peak, about:
     the process, plus per initialization in flight (`AT_ONCE_CPU` per thread, at most a
     chunk, or `flight`) its state, model prompt's data-sized arrays and, where the sweep
-    keeps trajectories, its saved states; plus the saved times' losses over the data of
-    each block in flight, and square's SVD (LAPACK's U is samples x samples)."""
+    keeps trajectories, its saved states; plus, per block in flight, its arrays over the
+    objective's data, and square's SVD (LAPACK's U is samples x samples)."""
     config = config.resolved()
     if flight is None:
         flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
@@ -99,7 +105,7 @@ def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None
     else:
         state = saved = (config.dim + 2) * config.tokens
         per_init = STATE_ARRAYS * state
-        need += 8.0 * blocks * block * config.n_save * samples
+        need += 8.0 * blocks * block * (DATA_ARRAYS + SAVED_LOSS_ARRAYS * saved_at_once(config)) * samples
         if config.objective == "square":
             need += 8.0 * samples**2
     if config.method == "gd" or config.objective in ("square", "cross-entropy") or config.model == "prompt":
@@ -115,13 +121,13 @@ def largest_buffer(config: SweepConfig) -> tuple[float, str]:
     samples = config.data_samples() or 0
     if config.model == "prompt" or not samples:
         return 0.0, ""
-    saved_loss = 8.0 * SAVED_LOSS_ARRAYS * config.block_size * config.n_save * samples
+    saved_loss = 8.0 * SAVED_LOSS_ARRAYS * config.block_size * saved_at_once(config) * samples
     svd = 8.0 * samples**2 if config.objective == "square" else 0.0
     if svd > saved_loss:
         return svd, "the data's SVD, samples x samples; use fewer --samples"
     return (
         saved_loss,
-        "a block's losses at every saved time over every sample; use fewer --n-save or --samples",
+        "a block's losses at the saved times it observes at once, over every sample; use fewer --samples",
     )
 
 
@@ -163,7 +169,7 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
     if fits is not None:
         hint = f"--chunk-size {fits} (the numbers do not depend on it)"
     elif config.data_samples():
-        hint = "fewer --n-save (each saved time's loss spans every sample) or --samples"
+        hint = "fewer --samples (a block's losses span every sample)"
     else:
         hint = "fewer --n-save or a smaller model"
     raise PolarizeError(

@@ -31,7 +31,7 @@ from ..core._batching import (
 from ..core._models import AbstractModel, params, with_params
 from ..core._objectives import AbstractObjective
 from ..core._refuse import refuse_if, shown
-from ..core._trajectory import Trajectory, all_finite
+from ..core._trajectory import Trajectory, all_finite, over_saved
 from ..core.fields import AbstractField, Modified, Path, prepare
 from . import _stiff as stiff
 from ._devices import release_programs_if_crowded
@@ -260,8 +260,9 @@ def _integrate(model, objective, field: AbstractField, options: SolveOptions, re
     def finish(ys, status, args):  # one init's saved states -> what the trajectory keeps
         model, objective, constants = args[:3]
         path, a = field.value_path(ys, model, objective)
-        # the field's own observation (the reduced field's needs no V)
-        weights, loss = jax.vmap(lambda y: field.observe(y, model, objective, constants))(ys)
+        # the field's own observation (the reduced field's needs no V), a few saved
+        # states at a time where the data is large
+        weights, loss = over_saved(lambda y: field.observe(y, model, objective, constants), ys, objective)
         finite = all_finite((path, a, weights, loss))
         status = jnp.where((status == codes.OK) & ~finite, codes.NONFINITE, status)
         if reduced:
