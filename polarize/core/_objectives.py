@@ -142,6 +142,12 @@ class LogisticData(AbstractDataObjective):
         return self.y * jax.nn.sigmoid(-self.y * z) / z.shape[-1]
 
 
+#: Rows past which an SVD of the data is taken thin from its transpose: JAX's CPU SVD of
+#: a tall n x d matrix holds an n x n buffer however thin the SVD asked for, and any SVD
+#: without singular vectors does too (720 GB at n = 300,000 samples).
+SVD_TALL_ROWS = 4096
+
+
 class Square(AbstractDataObjective):
     """L = |y - X beta|^2 (X = identity when None: L = |y - beta|^2); e = 2 (y - z)."""
 
@@ -165,7 +171,12 @@ class Square(AbstractDataObjective):
 
     def curvature(self) -> Array:
         """The largest Hessian eigenvalue of L in beta: 2 sigma_max(X)^2 (over a batch: the largest)."""
-        return 2 * jnp.max(jnp.linalg.svd(self.X, compute_uv=False)) ** 2
+        n, dim = self.X.shape[-2:]
+        if n > max(dim, SVD_TALL_ROWS):  # the thin SVD of X^T: no n x n buffer
+            sv = jnp.linalg.svd(jnp.swapaxes(self.X, -1, -2), full_matrices=False)[1]
+        else:
+            sv = jnp.linalg.svd(self.X, compute_uv=False)
+        return 2 * jnp.max(sv) ** 2
 
 
 class CrossEntropy(AbstractObjective):
@@ -241,7 +252,13 @@ def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, 
     sweep stores it (`runs._build`; kappa traced or not, the same bits)."""
     kg, ky = split(key)
     G = normal(kg, (n, dim))
-    U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
+    if n > max(dim, SVD_TALL_ROWS):
+        # from G^T = W diag U^T (`SVD_TALL_ROWS`): X = U diag(sv) W^T is the same matrix to
+        # rounding (a singular pair's common sign flip cancels in it)
+        W, _, Ut = jnp.linalg.svd(G.T, full_matrices=False)
+        U, Wt = Ut.T, W.T
+    else:
+        U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
     sv = jnp.linspace(1.0, 1.0 / kappa, min(n, dim))
     X = (U * sv[None, :]) @ Wt
     y = normal(ky, (n,))

@@ -91,7 +91,7 @@ def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None
     the process, plus per initialization in flight (`AT_ONCE_CPU` per thread, at most a
     chunk, or `flight`) its state, model prompt's data-sized arrays and, where the sweep
     keeps trajectories, its saved states; plus, per block in flight, its arrays over the
-    objective's data, and square's SVD (LAPACK's U is samples x samples)."""
+    objective's data."""
     config = config.resolved()
     if flight is None:
         flight = min(config.inits, config.chunk_size, AT_ONCE_CPU * threads)
@@ -106,29 +106,20 @@ def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None
         state = saved = (config.dim + 2) * config.tokens
         per_init = STATE_ARRAYS * state
         need += 8.0 * blocks * block * (DATA_ARRAYS + SAVED_LOSS_ARRAYS * saved_at_once(config)) * samples
-        if config.objective == "square":
-            need += 8.0 * samples**2
     if config.method == "gd" or config.objective in ("square", "cross-entropy") or config.model == "prompt":
         per_init += config.n_save * (saved + 2)  # trajectories kept for their statistics
     return need + 8.0 * flight * per_init, flight
 
 
-def largest_buffer(config: SweepConfig) -> tuple[float, str]:
-    """(bytes, what) of a sweep's largest single allocation, about, where it grows with the
-    data: a block's losses at the saved times over every sample, or square's SVD (LAPACK's
-    U, samples x samples); (0, "") where it does not."""
+def largest_buffer(config: SweepConfig) -> float:
+    """Bytes of a sweep's largest single allocation, about, where it grows with the data:
+    a block's losses over every sample at the saved states it observes at once (0 where
+    the objective holds no data)."""
     config = config.resolved()
     samples = config.data_samples() or 0
     if config.model == "prompt" or not samples:
-        return 0.0, ""
-    saved_loss = 8.0 * SAVED_LOSS_ARRAYS * config.block_size * saved_at_once(config) * samples
-    svd = 8.0 * samples**2 if config.objective == "square" else 0.0
-    if svd > saved_loss:
-        return svd, "the data's SVD, samples x samples; use fewer --samples"
-    return (
-        saved_loss,
-        "a block's losses at the saved times it observes at once, over every sample; use fewer --samples",
-    )
+        return 0.0
+    return 8.0 * SAVED_LOSS_ARRAYS * config.block_size * saved_at_once(config) * samples
 
 
 def _available_memory() -> float | None:
@@ -147,11 +138,12 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
     available = _available_memory()
     if force or available is None or jax.default_backend() != "cpu":
         return
-    buffer, what = largest_buffer(config)
+    buffer = largest_buffer(config)
     if buffer > available:
         raise PolarizeError(
             f"this sweep needs one buffer of about {buffer / 1e9:.1f} GB and {available / 1e9:.1f} GB "
-            f"are available ({what}), or pass --force to run it anyway"
+            "are available (a block's losses over every sample); use fewer --samples, or pass "
+            "--force to run it anyway"
         )
     threads = cpu_threads()
     need, flight = memory_estimate(config, threads)

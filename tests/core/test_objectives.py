@@ -102,3 +102,22 @@ def test_curvature_bounds_the_hessian():
     ]
     assert max(tops) <= float(ce.curvature()) + 1e-12
     assert max(tops) > 0.5 * float(ce.curvature())
+
+
+@pytest.mark.parametrize("n, dim", [(300, 5), (40, 40)])
+def test_conditioned_regression_has_its_condition_number_by_either_svd(n, dim, monkeypatch):
+    """Past `SVD_TALL_ROWS` samples the SVD comes from the data's transpose (JAX's CPU SVD
+    would hold an n x n U); X = U diag(sv) W^T is the same matrix to rounding, since a
+    singular pair's common sign flip cancels in it, and its singular values are sv."""
+    from polarize.core import _objectives
+
+    direct = pz.conditioned_regression(4, n, dim, 7.0)
+    monkeypatch.setattr(_objectives, "SVD_TALL_ROWS", 16)
+    transposed = pz.conditioned_regression(4, n, dim, 7.0)
+    X = np.asarray(transposed.X)
+    np.testing.assert_allclose(X, direct.X, rtol=0, atol=100 * np.finfo(float).eps * np.abs(X).max())
+    np.testing.assert_array_equal(transposed.y, direct.y)
+    s = np.linalg.svd(X, compute_uv=False)  # numpy's LAPACK: an independent check
+    np.testing.assert_allclose(s, np.linspace(1.0, 1.0 / 7.0, min(n, dim)), rtol=1e-13)
+    # the curvature 2 sigma_max^2 by the same route (a thin SVD of X^T past the cut-off)
+    np.testing.assert_allclose(float(transposed.curvature()), 2 * s[0] ** 2, rtol=1e-13)
