@@ -67,14 +67,15 @@ AT_ONCE_CPU = 16 * BLOCK_SIZE
 #: Memory of a CPU sweep, measured (benchmarks/NOTES.md, "Memory estimate"): the process
 #: itself (JAX, its programs: 0.33 GB for 128 toy inits); per initialization in flight,
 #: about 100 float64 arrays of the state's size (the solver's stages, the hitting times'
-#: carry, the per-init results; 65 KB at T = d = 8) and, for model prompt, 4 of the data's
-#: (its residuals over every token of every sample; prompt sweeps were not measured); per
-#: block in flight, where the objective holds data, 4 arrays over every sample per
-#: initialization (the residuals) and, per saved state it observes at once
-#: (`saved_at_once`), 2 more (the loss over every sample: XLA's buffer of two arrays).
+#: carry, the per-init results; 65 KB at T = d = 8) and, for model prompt, 9 over every
+#: token of every sample plus 2 per saved state; per block in flight, where the objective
+#: holds data, 4 arrays over every sample per initialization (the residuals) and, per
+#: saved state it observes at once (`saved_at_once`), 2 more (the loss over every sample:
+#: XLA's buffer of two arrays).
 BASE_BYTES = 0.35e9
 STATE_ARRAYS = 100
 DATA_ARRAYS = 4
+PROMPT_DATA_ARRAYS = 9
 SAVED_LOSS_ARRAYS = 2
 
 
@@ -99,9 +100,10 @@ def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None
     blocks = min(threads, -(-flight // block))
     samples = config.data_samples() or 0
     need = BASE_BYTES
-    if config.model == "prompt":  # residuals over every token of every sample; state (v, p)
-        data, state, saved = samples * config.tokens, 2 * config.dim, 2 * config.dim + samples * config.tokens
-        per_init = DATA_ARRAYS * data + STATE_ARRAYS * state
+    if config.model == "prompt":  # arrays over every token of every sample; state (v, p)
+        data, state = samples * config.tokens, 2 * config.dim
+        saved = state + 2 * data  # a saved state's weights and their scores, per sample
+        per_init = PROMPT_DATA_ARRAYS * data + STATE_ARRAYS * state
     else:
         state = saved = (config.dim + 2) * config.tokens
         per_init = STATE_ARRAYS * state

@@ -375,6 +375,18 @@ def test_a_sweep_that_will_not_fit_in_memory_is_refused_with_its_estimate(tmp_pa
         (dict(objective="logistic-data", samples=50000, inits=256, n_save=16, snapshots=8), 0.894),
         (dict(objective="logistic-data", samples=200000, inits=256, t1=1.0), 1.607),
         (dict(objective="square", samples=300000, inits=128, t1=1.0), 1.489),
+        (
+            dict(
+                model="prompt", objective="logistic-data", samples=2000, tokens=5, dim=6, inits=256, t1=10.0
+            ),
+            3.381,
+        ),
+        (
+            dict(
+                model="prompt", objective="logistic-data", samples=8000, tokens=5, dim=6, inits=256, t1=10.0
+            ),
+            11.803,
+        ),
     ],
 )
 def test_the_memory_estimate_follows_measured_peaks(settings, measured):
