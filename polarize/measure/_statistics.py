@@ -266,9 +266,24 @@ def summarize(
     final = {k: v[:, -1] for k, v in ser.items()}
     final.update({k: np.asarray(v) for k, v in order_statistics(traj, objective, atol=atol).items()})
     final.update({k: np.asarray(v) for k, v in (hitting or {}).items()})
-    final["ok"] = np.asarray(traj.ok)
+    ok = np.asarray(traj.ok)
+    # a failed initialization's statistics are NaN (-1, False), as in a sweep's arrays:
+    # its last states would otherwise read as polarized (NaN weights have entropy 0)
+    ser = {k: _masked_host(v, ok) for k, v in ser.items()}
+    final = {k: _masked_host(v, ok) for k, v in final.items()}
+    final["ok"] = ok
     final["status"] = np.asarray(traj.status)
     return Summary(np.asarray(traj.ts), ser, final, aggregate(final, threshold))
+
+
+def _masked_host(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """`masked` on the host: x where ok (over its first axis), else NaN, -1 or False."""
+    keep = ok.reshape(ok.shape + (1,) * (x.ndim - 1))
+    if np.issubdtype(x.dtype, np.floating):
+        return np.where(keep, x, np.nan)
+    if x.dtype == np.bool_:
+        return x & keep
+    return np.where(keep, x, -1)
 
 
 def aggregate(final: dict, threshold: float = 0.9) -> dict:

@@ -65,8 +65,10 @@ def descend(
 
     Returns:
         A `Trajectory` with `steps` holding the saved step indices. An initialization
-        that goes NaN/Inf gets ok=False and status `polarize.status.NONFINITE`; others
-        are unaffected. With `targets`: `(trajectory, first)`, `first` (*inits, targets)
+        that goes NaN/Inf gets ok=False and status `polarize.status.NONFINITE`, one whose
+        loss at a saved step rose past `DIVERGED_RISE` times its first saved value (or
+        past `DIVERGED_RISE` where that is below 1) status `DIVERGED`; others are
+        unaffected. With `targets`: `(trajectory, first)`, `first` (*inits, targets)
         the first step index reaching each target, -1 where none did (the trajectory is
         bit for bit the one without targets).
     """
@@ -107,9 +109,19 @@ def descend(
         out = _descend(model, objective, *run)
     traj, first = out
     ts = jnp.asarray(marks, dtype=traj.a.dtype) * (1.0 if lr is None else lr)
-    status = jnp.where(traj.ok, codes.OK, codes.NONFINITE).astype(jnp.int32)
-    traj = eqx.tree_at(lambda t: (t.ts, t.status), traj, (ts, status))
+    # a loss that rose a millionfold above its first saved value (or above 1e6 where that
+    # is below 1) has run away: diverged, however finite its numbers still are
+    ceiling = DIVERGED_RISE * jnp.maximum(traj.loss[..., :1], 1.0)
+    diverged = jnp.any(traj.loss > ceiling, axis=-1)
+    status = jnp.where(traj.ok, jnp.where(diverged, codes.DIVERGED, codes.OK), codes.NONFINITE)
+    ok = status == codes.OK
+    traj = eqx.tree_at(lambda t: (t.ts, t.status, t.ok), traj, (ts, status.astype(jnp.int32), ok))
     return traj if targets is None else (traj, first)
+
+
+#: How far a descent's loss may rise above its first saved value (at least 1) before
+#: the initialization counts as diverged.
+DIVERGED_RISE = 1e6
 
 
 def descend_with_hitting_times(

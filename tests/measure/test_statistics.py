@@ -82,3 +82,25 @@ def test_quantile_matches_numpy_and_is_infinite_next_to_an_inf():
     x = np.array([3.0, np.inf, 1.0, np.inf, np.inf])
     assert quantile(x, 0.5) == np.inf and quantile(x, 0.1) == 1.0 + 0.4 * 2.0
     assert quantile(np.array([2.0, np.inf]), 0.5) == np.inf and quantile([], 0.5) is None
+
+
+def test_a_failed_initializations_statistics_are_nan_not_polarized():
+    # stopped at max_steps, its last states are NaN; entropy(NaN weights) would read 0 (one-hot)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import polarize as pz
+
+    obj = pz.random_direction(1, 4)
+    traj = pz.flow(pz.init_ensemble(0, 3, tokens=4, dim=4), obj, t1=1e3, max_steps=5)
+    good = pz.flow(pz.init_ensemble(0, 3, tokens=4, dim=4), obj, t1=1e3)
+    assert not np.any(traj.ok) and np.all(good.ok)
+    summary = pz.summarize(traj, obj)
+    for name in ("max_weight", "entropy", "eff_tokens", "loss"):
+        assert np.all(np.isnan(summary.final[name])), name
+        assert np.all(np.isnan(summary.series[name])), name
+    np.testing.assert_array_equal(summary.final["winner"], -1)
+    assert not np.any(summary.final["order_preserved"])
+    assert summary.aggregates["n_failed"] == summary.aggregates["failed_max_steps_reached"] == 3
+    # an ensemble that succeeded keeps its numbers
+    assert np.all(np.isfinite(pz.summarize(good, obj).final["entropy"]))

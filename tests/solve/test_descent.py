@@ -215,3 +215,19 @@ def test_first_hits_do_not_depend_on_block_size_batch_or_threads(monkeypatch):
     assert list(times) == ["time_to_0.5", "time_to_0.9", "time_to_loss_0.1"]
     for j, name in enumerate(times):
         np.testing.assert_array_equal(times[name], np.where(first[:, j] >= 0, first[:, j] * 0.5, np.inf))
+
+
+def test_a_descent_that_runs_away_is_diverged_not_ok():
+    # lr 3 on a square loss of curvature up to 2 sigma_max^2 = 8 overshoots every step: the
+    # loss grows to 1e72-1e127, finite, so only the rise can tell
+    model, obj = pz.init_ensemble(0, 4, tokens=4, dim=3, v_scale=1.0), pz.conditioned_regression(0, 3, 3, 2.0)
+    away = pz.descend(model, obj, 3.0, steps=100, n_save=5)
+    assert np.all(np.isfinite(away.loss)) and np.all(away.loss[:, -1] > 1e6 * away.loss[:, 0])
+    np.testing.assert_array_equal(away.status, pz.status.DIVERGED)
+    assert not np.any(away.ok)
+    summary = pz.summarize(away, obj)
+    assert summary.aggregates["n_failed"] == summary.aggregates["failed_diverged"] == 4
+    assert summary.aggregates["one_hot_fraction"] is None  # nothing left to average
+    calm = pz.descend(model, obj, 0.05, steps=100, n_save=5)  # the same problem, a stable rate
+    np.testing.assert_array_equal(calm.status, pz.status.OK)
+    assert np.all(calm.loss[:, -1] < calm.loss[:, 0])
