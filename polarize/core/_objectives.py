@@ -98,7 +98,12 @@ class LogisticDirection(AbstractObjective):
         if b.ndim not in (1, 2):
             raise PolarizeError(f"`b` must have shape (dim,) or (inits, dim); got {b.shape}")
         b = refuse_if(b, lambda b, xp: xp.all(b == 0, axis=-1), "`b` must be non-zero")
-        self.b = _unit(b)
+        # |b| must be a float too: it under- or overflows past about 1e-154 and 1e154 (float64)
+        self.b = refuse_if(
+            _unit(b),
+            lambda u, xp: ~xp.all(xp.isfinite(u), axis=-1) | xp.all(u == 0, axis=-1),
+            "`b`'s norm under- or overflows; rescale `b` (its direction is what counts)",
+        )
 
     def __call__(self, beta):
         return jax.nn.softplus(-jnp.dot(self.b, beta))

@@ -1,10 +1,13 @@
 """The common result of `flow` and `descend`: states at saved times, per initialization."""
 
+import operator
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ._errors import PolarizeError
 from ._models import ValueAttention
 
 
@@ -107,7 +110,14 @@ class Trajectory(eqx.Module):
         return self.ok.ndim == 1
 
     def at(self, i: int) -> "Trajectory":
-        """Initialization i of a batched trajectory."""
+        """Initialization i of a batched trajectory (-n <= i < n, as for a list)."""
+        if not self.batched:
+            raise PolarizeError("`at` takes an initialization of a batched trajectory; this one holds one")
+        n = self.ok.shape[0]
+        if isinstance(i, jax.core.Tracer):
+            i = eqx.error_if(i, (i < -n) | (i >= n), f"`i` must be an initialization in -{n}..{n - 1}")
+        elif not -n <= operator.index(i) < n:
+            raise PolarizeError(f"`i` must be an initialization in -{n}..{n - 1}; got {i}")
         return jax.tree.map(lambda x: x if x is self.ts else x[i], self)
 
     def final(self, model):

@@ -117,7 +117,8 @@ class SolveOptions(eqx.Module):
                     f"`{name}` must be a diffrax {kind.__name__.removeprefix('Abstract').lower()} such as "
                     f"{example}, or None for the default; got {value!r}"
                 )
-        check_positive("n_save", self.n_save, integer=True)
+        if check_positive("n_save", self.n_save, integer=True) < 2 and self.ts is None:
+            raise PolarizeError(f"`n_save` must be >= 2 (the first and last saved times); got {self.n_save}")
         check_positive("max_steps", self.max_steps, integer=True)
         check_positive("rtol", self.rtol)
         check_positive("atol", self.atol)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import polarize as pz
 from polarize.core import _trajectory
@@ -40,3 +41,29 @@ def test_a_flow_and_descent_past_the_budget_are_the_same_solves(monkeypatch):
         np.testing.assert_allclose(apart.loss, whole.loss, rtol=1e-14)
         np.testing.assert_allclose(apart.weights, whole.weights, rtol=1e-14)
         assert float(jnp.ptp(whole.loss[:, [0, -1]])) > 1e-3  # the losses move: a real check
+
+
+def test_at_refuses_an_initialization_the_trajectory_does_not_hold():
+    traj = pz.flow(pz.init_ensemble(0, 3, tokens=4, dim=4), pz.random_direction(1, 4), t1=10.0, n_save=3)
+    np.testing.assert_array_equal(traj.at(-3).V, traj.V[0])  # as for a list
+    np.testing.assert_array_equal(traj.at(2).a, traj.a[2])
+    for i in (3, -4):
+        with pytest.raises(pz.PolarizeError, match=rf"`i` must be an initialization in -3..2; got {i}"):
+            traj.at(i)
+    with pytest.raises(Exception, match=r"`i` must be an initialization in -3..2"):  # traced: at run time
+        jax.jit(lambda i: traj.at(i).a)(5)
+    with pytest.raises(pz.PolarizeError, match="batched trajectory"):
+        traj.at(0).at(0)
+
+
+@pytest.mark.parametrize("b", [[1e-320, 0.0], [1e300, 1e300]], ids=["underflow", "overflow"])
+def test_a_direction_whose_norm_is_no_float_is_refused(b):
+    # it gave b = [nan, nan] and [0, 0]: a NaN or zero loss everywhere, silently
+    with pytest.raises(pz.PolarizeError, match="`b`'s norm under- or overflows; rescale `b`"):
+        pz.LogisticDirection(b)
+    # traced: at run time (XLA flushes the subnormal 1e-320 to zero: then b is zero)
+    with pytest.raises(Exception, match="`b`'s norm under- or overflows|`b` must be non-zero"):
+        jax.jit(lambda b: pz.LogisticDirection(b).b)(jnp.asarray(b))
+    np.testing.assert_allclose(
+        pz.LogisticDirection(np.asarray(b) / np.max(np.abs(b))).b, [1.0, 0.0] if b[1] == 0 else [2**-0.5] * 2
+    )

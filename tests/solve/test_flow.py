@@ -303,3 +303,13 @@ def test_a_sweep_config_turns_into_the_flows_options():
     assert isinstance(o.solver, diffrax.Dopri5)
     np.testing.assert_array_equal(o.targets.values, [0.5, 0.9, 0.99, 1e-3])
     np.testing.assert_array_equal(o.targets.kinds, [0, 0, 0, 1])
+
+
+def test_n_save_below_two_is_refused():
+    # it returned ts = [t1] alone, t0 dropped, where a sweep refuses it
+    m, obj = pz.init_ensemble(0, 2, tokens=3, dim=2), pz.random_direction(0, 2)
+    with pytest.raises(
+        pz.PolarizeError, match=r"`n_save` must be >= 2 \(the first and last saved times\); got 1"
+    ):
+        pz.flow(m, obj, t1=10.0, n_save=1)
+    np.testing.assert_allclose(pz.flow(m, obj, t1=10.0, n_save=2).ts, [0.0, 10.0], rtol=1e-15)
