@@ -52,9 +52,10 @@ class AbstractObjective(eqx.Module):
     @property
     def beta_dim(self) -> int | None:
         """The dimension of the beta this loss takes: the last axis of its first array
-        (b, X or p); None for an objective that does not say."""
+        (b, X or p; y for labels of a prompt model's outputs); None for an objective that
+        does not say."""
         name = next(iter(self.core_ndim), None)
-        if name not in ("b", "X", "p"):
+        if name not in ("b", "X", "p", "y"):
             return None
         return getattr(self, name).shape[-1]
 

@@ -291,16 +291,38 @@ def choose_field(
 
 
 def same_dimension(model: AbstractModel, objective: AbstractObjective) -> None:
-    """Refuse a model whose beta = V sigma(a) has another dimension than the objective's."""
+    """Refuse a model whose output (beta = V sigma(a); a prompt model's outputs, one per
+    sample) has another length than the objective takes."""
     want = objective.beta_dim
-    if want is None or not hasattr(model, "values"):
+    if want is None:
         return
-    dim = jax.eval_shape(model.values).shape[-2]  # values: (*inits, dim, tokens); shapes only
-    if dim != want:
+    dim = jax.eval_shape(model).shape[-1]  # (*inits, dim): shapes only
+    if dim == want:
+        return
+    if next(iter(objective.core_ndim)) == "y":  # labels, one per output
         raise PolarizeError(
-            f"`model` gives beta of dimension {dim} but `objective` {type(objective).__name__} "
-            f"takes dimension {want}; build both with the same dim"
+            f"`model` gives {dim} outputs but `objective` {type(objective).__name__} holds {want} "
+            "labels; build both from the same task (its samples)"
         )
+    raise PolarizeError(
+        f"`model` gives beta of dimension {dim} but `objective` {type(objective).__name__} "
+        f"takes dimension {want}; build both with the same dim"
+    )
+
+
+def not_empty(model: AbstractModel, objective: AbstractObjective, precision) -> None:
+    """Refuse an empty model or objective (no inits, tokens, dims or samples) and, where no
+    `precision` casts it, a model whose trainable arrays are not float32 or float64."""
+    for name, module in (("model", model), ("objective", objective)):
+        for leaf in jax.tree.leaves(module):
+            if hasattr(leaf, "shape") and 0 in leaf.shape:
+                raise PolarizeError(
+                    f"`{name}` {type(module).__name__} holds an empty array (shape {leaf.shape}): it needs "
+                    "at least one initialization, token, dimension and sample"
+                )
+    dtype = float_dtype(model)
+    if precision is None and (not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 4):
+        raise PolarizeError(f"`model`'s arrays must be float32 or float64; got {jnp.dtype(dtype).name}")
 
 
 def prepare(
@@ -317,6 +339,7 @@ def prepare(
     objective follows), checks that they hold the same number of initializations and
     and chooses the field. Returns (model, objective, field).
     """
+    not_empty(model, objective, precision)
     precision = precision or jnp.dtype(float_dtype(model)).name
     model, objective = at_precision((model, objective), precision)
     ensemble_size(model, objective)

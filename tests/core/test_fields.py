@@ -1,5 +1,7 @@
 """The vector fields of `polarize.core.fields`: replicator form, exact forms agreeing, modified field."""
 
+import re
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -151,3 +153,31 @@ def test_modified_flow_takes_every_option_of_flow():
     np.testing.assert_allclose(fast.V, ref.V, rtol=0, atol=1e-8)
     np.testing.assert_allclose(fast.a, ref.a, rtol=0, atol=1e-8)
     assert not np.allclose(ref.a, pz.flow(model, obj, **kw).a, atol=1e-4)  # lr = 0.2 is not the flow
+
+
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("no inits", "`model` ValueAttention holds an empty array (shape (0, 2, 3))"),
+        ("no samples", "`objective` LogisticData holds an empty array (shape (0, 2))"),
+        ("int model", "`model`'s arrays must be float32 or float64; got int64"),
+        ("labels of a value model", "`model` gives 2 outputs but `objective` LogisticLabels holds 3 labels"),
+        ("labels of another task", "`model` gives 4 outputs but `objective` LogisticLabels holds 3 labels"),
+    ],
+)
+def test_inputs_that_crashed_deep_in_jax_are_one_clear_error(case, says):
+    # they gave a TypeError from a slice size, a ZeroDivisionError, a `precision` message
+    # for an argument never passed, and a shape mismatch inside the field
+    X, y, v = pz.prompt_task(0, 4, 5, 6)
+    m = pz.init_ensemble(0, 2, tokens=3, dim=2)
+    model, objective = {
+        "no inits": (pz.ValueAttention(np.ones((0, 2, 3)), np.zeros((0, 3))), pz.random_direction(1, 2)),
+        "no samples": (m, pz.LogisticData(np.ones((0, 2)), np.ones(0))),
+        "int model": (pz.ValueAttention(np.ones((2, 3), int), np.arange(3)), pz.random_direction(1, 2)),
+        "labels of a value model": (m, pz.LogisticLabels(np.ones(3))),
+        "labels of another task": (pz.init_prompts(1, 2, X, v), pz.LogisticLabels(y[:3])),
+    }[case]
+    with pytest.raises(pz.PolarizeError, match=re.escape(says)):
+        pz.flow(model, objective, t1=10.0)
+    with pytest.raises(pz.PolarizeError, match=re.escape(says)):
+        pz.descend(model, objective, 0.1, steps=5)
