@@ -66,7 +66,9 @@ def _ratio(h, dh):
 
 
 def _positive(name: str, value):
-    """`value` if positive and finite, else refused (under jit too, see `refuse_if`)."""
+    """`value` if a positive finite number, else refused (under jit too, see `refuse_if`)."""
+    if isinstance(value, bool) or not (isinstance(value, int | float) or getattr(value, "shape", None) == ()):
+        raise PolarizeError(f"`{name}` must be a positive finite number (a scalar); got {shown(value)}")
     bad = lambda x, xp: ~(xp.isfinite(x) & (xp.asarray(x) > 0))
     return refuse_if(value, bad, f"`{name}` must be a positive finite number; got {shown(value)}")
 

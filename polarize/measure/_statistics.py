@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ..core._batching import blockwise, exact_matmuls
+from ..core._errors import PolarizeError
 from ..core._objectives import AbstractObjective
 from ..core._quantile import quantile
 from ..core._trajectory import Trajectory, ValuePath
@@ -259,6 +260,8 @@ def summarize(
     `hitting`: per-initialization hitting times (`polarize.hitting_times`) or rates to
     report with the rest (medians, 10/90% quantiles, fraction reached).
     """
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise PolarizeError(f"`threshold` must be a number in (0, 1]; got {threshold!r}")
     if not traj.batched:
         traj = _as_batch(traj)
         hitting = None if hitting is None else {k: np.asarray(v)[None] for k, v in hitting.items()}

@@ -73,7 +73,15 @@ def descend(
         bit for bit the one without targets).
     """
     steps = check_positive("steps", steps, integer=True)
-    plain = isinstance(optimizer, int | float)
+    if isinstance(optimizer, bool):
+        raise PolarizeError(
+            "`optimizer` must be an optax GradientTransformation or a learning rate; got a bool"
+        )
+    plain = isinstance(optimizer, int | float) or (
+        not isinstance(optimizer, optax.GradientTransformation)
+        and np.shape(optimizer) == ()
+        and _is_real(optimizer)
+    )
     if plain:
         rate = check_positive("lr", float(optimizer))
         if lr is not None and lr != rate:
@@ -97,8 +105,13 @@ def descend(
     if save_at is None:
         marks = save_steps(steps, check_positive("n_save", n_save, integer=True))
     else:
-        marks = np.unique(np.asarray(save_at, dtype=np.int64))
-        if marks.size == 0 or marks[0] < 0 or marks[-1] > steps:
+        given = np.asarray(save_at)
+        if given.ndim != 1 or given.size == 0 or not _whole(given):
+            raise PolarizeError(
+                f"`save_at` must be a list of whole step indices in [0, {steps}]; got {save_at!r}"
+            )
+        marks = np.unique(given.astype(np.int64))
+        if marks[0] < 0 or marks[-1] > steps:
             raise PolarizeError(f"`save_at` must hold step indices in [0, {steps}]")
     marks = tuple(int(k) for k in marks)
     run = (optimizer, marks, field, block_size, plain, targets, steps)
@@ -117,6 +130,19 @@ def descend(
     ok = status == codes.OK
     traj = eqx.tree_at(lambda t: (t.ts, t.status, t.ok), traj, (ts, status.astype(jnp.int32), ok))
     return traj if targets is None else (traj, first)
+
+
+def _is_real(x) -> bool:
+    """A real number: a Python, numpy or (concrete or traced) JAX scalar, not a bool."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+
+
+def _whole(x: np.ndarray) -> bool:
+    """Every entry a whole number (integers, or floats without a fraction)."""
+    if np.issubdtype(x.dtype, np.integer):
+        return True
+    return np.issubdtype(x.dtype, np.floating) and bool(np.all(np.isfinite(x) & (x == np.round(x))))
 
 
 #: How far a descent's loss may rise above its first saved value (at least 1) before

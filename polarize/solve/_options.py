@@ -117,6 +117,11 @@ class SolveOptions(eqx.Module):
                     f"`{name}` must be a diffrax {kind.__name__.removeprefix('Abstract').lower()} such as "
                     f"{example}, or None for the default; got {value!r}"
                 )
+        if self.solver is not None and not isinstance(self.solver, diffrax.AbstractAdaptiveSolver):
+            raise PolarizeError(  # the step size is always adapted (PID control on its error)
+                "`solver` must be an adaptive diffrax solver, one with an error estimate "
+                f"(diffrax.Tsit5(), Dopri5(), Kvaerno5(), Heun(), ...); got {type(self.solver).__name__}()"
+            )
         if check_positive("n_save", self.n_save, integer=True) < 2 and self.ts is None:
             raise PolarizeError(f"`n_save` must be >= 2 (the first and last saved times); got {self.n_save}")
         check_positive("max_steps", self.max_steps, integer=True)
