@@ -165,13 +165,15 @@ def descend_with_hitting_times(
 
     Returns:
         (trajectory, {"time_to_<level>": ..., "time_to_loss_<fraction>": ...}), each
-        (inits,) or a scalar: k x lr (0 when reached at the start), inf where not reached
-        within `steps`, NaN where the run went non-finite (`ok` False).
+        (inits,) or a scalar: k x lr (0 when reached at the start; k itself for an optax
+        optimizer, as the trajectory's `ts`), inf where not reached within `steps`, NaN
+        where the run failed (`ok` False).
     """
     names = time_names(check_levels(levels), loss_fraction)
     targets = Targets.of(levels, loss_fraction)
     traj, first = descend(model, objective, lr, steps=steps, targets=targets, **options)
-    times = jnp.where(first >= 0, first * lr, jnp.inf)
+    rate = 1.0 if isinstance(lr, optax.GradientTransformation) else float(lr)  # descend checked it
+    times = jnp.where(first >= 0, first * rate, jnp.inf)
     times = jnp.where(traj.ok[..., None], times, jnp.nan)
     return traj, {name: times[..., j] for j, name in enumerate(names)}
 

@@ -231,3 +231,15 @@ def test_a_descent_that_runs_away_is_diverged_not_ok():
     calm = pz.descend(model, obj, 0.05, steps=100, n_save=5)  # the same problem, a stable rate
     np.testing.assert_array_equal(calm.status, pz.status.OK)
     assert np.all(calm.loss[:, -1] < calm.loss[:, 0])
+
+
+def test_hitting_times_of_an_optax_descent_are_step_indices():
+    # k x lr has no lr with an optax optimizer (it raised a JAX TypeError): k, as traj.ts
+    model, obj = pz.init_ensemble(0, 3, tokens=4, dim=3, v_scale=0.5), pz.random_direction(1, 3)
+    traj, times = pz.descend_with_hitting_times(model, obj, optax.adam(0.2), steps=40, levels=(0.5,))
+    k = times["time_to_0.5"]
+    assert np.all(np.isfinite(k)) and np.all(k == np.round(k))
+    # the first step whose iterate reaches 0.5, from a Python loop over the saved steps of every step
+    every = pz.descend(model, obj, optax.adam(0.2), steps=40, save_at=list(range(41)))
+    np.testing.assert_array_equal(k, np.argmax(np.asarray(every.weights).max(-1) >= 0.5, axis=-1))
+    np.testing.assert_array_equal(traj.ts, traj.steps)  # the trajectory's clock is the step index
