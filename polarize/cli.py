@@ -303,11 +303,8 @@ def _main(argv) -> int:
         print(f"polarize: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # XLA could not allocate a program's buffers: one line, not a traceback
-        if "RESOURCE_EXHAUSTED" not in str(e) or "jax" not in sys.modules:
-            raise
-        import jax
-
-        if not isinstance(e, jax.errors.JaxRuntimeError):
+        jax = sys.modules.get("jax")  # loaded once a job runs; the arguments are parsed without it
+        if jax is None or not isinstance(e, jax.errors.JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(e):
             raise
         reason = str(e).strip().splitlines()[0]
         print(

@@ -144,13 +144,18 @@ class Trajectory(eqx.Module):
 OBSERVE_BUDGET = 2**16
 
 
+def saved_at_once(n: int, data: int) -> int:
+    """Of `n` saved states, how many are observed at once where the objective's largest
+    array holds `data` numbers: all of them, unless that passes `OBSERVE_BUDGET`."""
+    return min(n, max(1, OBSERVE_BUDGET // max(data, 1)))
+
+
 def over_saved(f, xs, objective):
-    """`jax.vmap(f)(xs)` over saved states, with at most `OBSERVE_BUDGET` numbers of
-    `objective`'s data (its largest array, per saved state) in play at once; under the
-    budget, the same program as the plain vmap."""
+    """`jax.vmap(f)(xs)` over saved states, `saved_at_once` of them at a time (its data:
+    `objective`'s largest array); all at once, the same program as the plain vmap."""
     n = jax.tree.leaves(xs)[0].shape[0]
     data = max((leaf.size for leaf in jax.tree.leaves(objective) if hasattr(leaf, "size")), default=1)
-    at_once = max(1, OBSERVE_BUDGET // data)
+    at_once = saved_at_once(n, data)
     if at_once >= n:
         return jax.vmap(f)(xs)
     return jax.lax.map(f, xs, batch_size=at_once)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core._choices import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
-from ..core._trajectory import OBSERVE_BUDGET
+from ..core._trajectory import saved_at_once
 from ..figures._pyplot import pyplot
 from ..solve._devices import barrier, my_chunks, stored_programs_dir
 from ._build import value_stand_in
@@ -70,7 +70,7 @@ AT_ONCE_CPU = 16 * BLOCK_SIZE
 #: carry, the per-init results; 65 KB at T = d = 8) and, for model prompt, 9 over every
 #: token of every sample plus 2 per saved state; per block in flight, where the objective
 #: holds data, 4 arrays over every sample per initialization (the residuals) and, per
-#: saved state it observes at once (`saved_at_once`), 2 more (the loss over every sample:
+#: saved state it observes at once (`observed_at_once`), 2 more (the loss over every sample:
 #: XLA's buffer of two arrays).
 BASE_BYTES = 0.35e9
 STATE_ARRAYS = 100
@@ -79,12 +79,11 @@ PROMPT_DATA_ARRAYS = 9
 SAVED_LOSS_ARRAYS = 2
 
 
-def saved_at_once(config: SweepConfig) -> int:
-    """How many saved states a block observes at once (`core._trajectory.over_saved`):
-    all of them, unless the objective's data is past `OBSERVE_BUDGET`."""
+def observed_at_once(config: SweepConfig) -> int:
+    """How many saved states a block of `config` observes at once
+    (`core._trajectory.saved_at_once`; the objective's largest array is X, samples x dim)."""
     config = config.resolved()
-    data = (config.data_samples() or 0) * config.dim  # X, samples x dim: the largest array
-    return min(config.n_save, max(1, OBSERVE_BUDGET // data)) if data else config.n_save
+    return saved_at_once(config.n_save, (config.data_samples() or 0) * config.dim)
 
 
 def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None) -> tuple[float, int]:
@@ -107,7 +106,7 @@ def memory_estimate(config: SweepConfig, threads: int, flight: int | None = None
     else:
         state = saved = (config.dim + 2) * config.tokens
         per_init = STATE_ARRAYS * state
-        need += 8.0 * blocks * block * (DATA_ARRAYS + SAVED_LOSS_ARRAYS * saved_at_once(config)) * samples
+        need += 8.0 * blocks * block * (DATA_ARRAYS + SAVED_LOSS_ARRAYS * observed_at_once(config)) * samples
     if config.method == "gd" or config.objective in ("square", "cross-entropy") or config.model == "prompt":
         per_init += config.n_save * (saved + 2)  # trajectories kept for their statistics
     return need + 8.0 * flight * per_init, flight
@@ -121,7 +120,7 @@ def largest_buffer(config: SweepConfig) -> float:
     samples = config.data_samples() or 0
     if config.model == "prompt" or not samples:
         return 0.0
-    return 8.0 * SAVED_LOSS_ARRAYS * config.block_size * saved_at_once(config) * samples
+    return 8.0 * SAVED_LOSS_ARRAYS * config.block_size * observed_at_once(config) * samples
 
 
 def _available_memory() -> float | None:
