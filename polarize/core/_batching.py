@@ -7,9 +7,9 @@ rest (a shared target, a normalization's temperature).
 Reproducibility: XLA's vectorized code can round differently for different array
 shapes (softmax of a batch of 10 and of 1000 differ in the last bit). So the batch
 is always cut into blocks of exactly `block_size` initializations (the last one
-overlapping the one before it, or padded when there is only one), vmapped inside a
-block and mapped sequentially over blocks; a lone block runs as the pass of a loop
-too, one XLA cannot inline (inlined, the block was compiled otherwise). Every
+padded), initialization i at row i % block_size, vmapped inside a block and mapped
+sequentially over blocks; a lone block runs as the pass of a loop too, one XLA
+cannot inline (inlined, the block was compiled otherwise). Every
 initialization then runs the same compiled program whatever the batch size,
 chunking or device count, and its numbers are identical bit for bit. Larger
 blocks suit accelerators; on CPU a few hundred also keeps lockstep waste of
@@ -139,18 +139,23 @@ def block_map(fn, tree, *, block_size: int | None = None):
     Like `blockwise`, but `fn` takes and returns pytrees with a leading axis of exactly
     `block_size` (a batched program written for one block, not vmapped here).
 
-    With more initializations than one block, the blocks are read from and written
-    into the full arrays in place, the last block ending at the last initialization
-    (overlapping the one before it, whose results it recomputes identically): no padded
-    copy of the inputs and no trimmed copy of the outputs, which for many saved times
-    are most of the memory a solve touches. With one block or fewer inits, the inputs
-    are padded to one row more than a block and read the same way (`_one_block`).
+    Initialization i is computed at row i % size of its block, whatever the batch: XLA's
+    vectorized loops can round a row by where it falls in the block (on an AVX-512 CPU, a
+    matrix-vector product over blocks of 6, rows 4 and 5; a flow at 5 tokens over blocks
+    of 4, row 3). So a batch that is not whole blocks is padded to whole blocks with
+    copies of its last initialization, and the outputs trimmed (benchmarks/NOTES.md: a
+    last block overlapping the one before it, unpadded, gave other last bits at block
+    sizes such as 4, 6 or 100). With one block or fewer inits, the inputs are padded to
+    one row more than a block and read the same way (`_one_block`).
     """
     n = jax.tree.leaves(tree)[0].shape[0]
     size = block_size_or_default(block_size)
     one_block = n <= size
+    pad = lambda k, row: jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[row], k, axis=0)]), tree)
     if one_block:  # padded to one row more than a block, then read and written as any block
-        tree = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], size + 1 - n, axis=0)]), tree)
+        tree = pad(size + 1 - n, slice(0, 1))
+    elif n % size:  # padded to whole blocks
+        tree = pad(size - n % size, slice(-1, None))
     rows = jax.tree.leaves(tree)[0].shape[0]
     block = lambda start: jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
     # traced once, for the output shapes and the loop body both (a solver's block program
@@ -159,8 +164,10 @@ def block_map(fn, tree, *, block_size: int | None = None):
     outs = jax.tree.map(lambda s: jnp.zeros((rows,) + s.shape[1:], s.dtype), traced.out_struct)
 
     if one_block:
-        return jax.tree.map(lambda x: x[:n], _one_block(traced, tree, outs, size=size))
-    return jax.lax.fori_loop(0, -(-n // size), _block_pass(traced, tree, size), outs)
+        outs = _one_block(traced, tree, outs, size=size)
+    else:
+        outs = jax.lax.fori_loop(0, rows // size, _block_pass(traced, tree, size), outs)
+    return outs if rows == n else jax.tree.map(lambda x: x[:n], outs)
 
 
 def _block_pass(traced, tree, size):

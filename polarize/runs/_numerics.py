@@ -161,7 +161,8 @@ def measure(config, model, objective, *, devices=None, method: tuple | None = No
     config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
     sweep's concrete objective (a stored program's trace cannot read its curvature).
     """
-    out = over_devices(_solved(config.program(), method), model, objective, devices)
+    block_size = config.resolved().block_size
+    out = over_devices(_solved(config.program(), method), model, objective, devices, block_size=block_size)
     if "reduced" in out:
         reduced = dict(out["reduced"])
         ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))

@@ -32,11 +32,13 @@ from ..core._errors import PolarizeError
 AXIS = "inits"
 
 
-def over_devices(fn, model, objective, devices=None):
+def over_devices(fn, model, objective, devices=None, *, block_size: int = 1):
     """fn(model, objective) on a batched model, its initializations split over devices.
 
     `fn` must return a pytree of arrays whose leading axis is the initialization.
-    The objective is shared (replicated) unless it is batched like the model.
+    The objective is shared (replicated) unless it is batched like the model. Each
+    device's share is whole blocks of `block_size` (the blocks `fn` maps over), so that
+    initialization i sits at the same row of its block whatever the device count.
     With several devices the results come back as host (numpy) arrays. The sharded
     program is compiled once per `fn`, devices, shapes and static settings, and reused
     on later calls (pass the same `fn` object, e.g. a cached closure).
@@ -48,7 +50,7 @@ def over_devices(fn, model, objective, devices=None):
     if len(devices) == 1:
         return fn(model, objective)
     k = len(devices)
-    per = -(-n // k)
+    per = -(-n // (k * block_size)) * block_size
     # arrays travel as inputs (batched ones split, the rest replicated); what is left is
     # static and keys the compiled program
     split, rest = partition_inits((model, objective))

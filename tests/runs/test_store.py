@@ -122,12 +122,19 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
     """Two forced host devices give the same numbers, bit for bit, as one.
 
     The one-device numbers are the reference run's (this process, chunks of 128 inits);
-    the two-device run (300 inits: per device 192 = a full block and a padded one) is
-    a subprocess, as the device count is fixed when JAX starts.
+    the two-device run (300 inits: per device two blocks, the second one's padded) is
+    a subprocess, as the device count is fixed when JAX starts. Also three blocks of 4
+    at 5 tokens and dim 5: split over two devices as 6 inits each, inits 6 and 7 sat
+    at other rows of their blocks, which rounded their numbers otherwise on an AVX-512
+    CPU; each device now takes whole blocks.
     """
     import jax
 
+    from polarize.runs._config import SweepConfig
+    from polarize.runs._sweep import run_chunk
+
     assert jax.local_device_count() == 1, jax.devices()
+    odd = dict(tokens=5, dim=5, t1=1e3, n_save=8, inits=12, block_size=4, v_scale=1.0, a_scale=1.0)
     script = (
         "import jax, numpy as np, sys; jax.config.update('jax_enable_x64', True)\n"
         "from polarize.runs._config import SweepConfig\n"
@@ -139,6 +146,7 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
         "run_chunk(c, 300, 600)  # the next chunk reuses the compiled sharded program\n"
         "info = _sharded.cache_info()\n"
         "assert info.misses == 1 and info.hits >= 1, info\n"
+        f"np.savez(sys.argv[1] + '.odd.npz', **run_chunk(SweepConfig(**{odd!r}), 0, 12))\n"
     )
     # the suite's own XLA flags too (conftest.py): the same compiler as this process
     env = {**ENV, "XLA_FLAGS": f"{ENV.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()}
@@ -149,6 +157,11 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
     assert sorted(two.files) == sorted(one)
     for k in two.files:
         np.testing.assert_array_equal(two[k], one[k][:300], err_msg=k)
+    two = np.load(tmp_path / "d2.npz.odd.npz")
+    one = run_chunk(SweepConfig(**odd), 0, 12)
+    assert sorted(two.files) == sorted(one)
+    for k in two.files:
+        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
 
 
 def test_load_returns_a_run_with_tables(reference):

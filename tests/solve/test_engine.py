@@ -198,7 +198,7 @@ def test_bad_method():
 def test_a_block_program_is_traced_once_and_maps_every_block():
     # block_map traces its block program once (for the output shapes and the loop body
     # both: a solver's took ~0.6 s to trace and was traced twice), and still writes
-    # every block, the last one overlapping the one before
+    # every block, the last one padded
     from polarize.core._batching import block_map
 
     calls = []
@@ -212,6 +212,28 @@ def test_a_block_program_is_traced_once_and_maps_every_block():
     assert calls == [(4, 3)]
     np.testing.assert_array_equal(out["double"], 2 * np.asarray(x))
     np.testing.assert_array_equal(out["row_sum"], np.asarray(x).sum(axis=1))
+
+
+@pytest.mark.parametrize("n", [10, 13, 16, 6, 3])
+def test_an_init_is_computed_at_the_same_row_of_its_block_whatever_the_batch(n):
+    # XLA's vectorized loops can round a row by where it falls in the block, so init i
+    # must sit at row i % size in every batch, the last block's too
+    from polarize.core._batching import block_map, blockwise
+
+    size = 6
+    row = lambda x: {"row": jnp.broadcast_to(jnp.arange(size), x.shape[:1]), "x": x}
+    out = jax.jit(lambda x: block_map(row, x, block_size=size))(jnp.arange(float(n)))
+    np.testing.assert_array_equal(out["row"], np.arange(n) % size)
+    np.testing.assert_array_equal(out["x"], np.arange(n))
+    # a matrix-vector product over blocks of 6 (on an AVX-512 CPU its rows 4 and 5
+    # rounded otherwise than rows 0-3): any init's numbers are those of a batch
+    # starting at its block
+    W = jax.random.normal(jax.random.key(0), (5, 5), jnp.float64)
+    x = jax.random.normal(jax.random.key(1), (n, 5), jnp.float64)
+    product = jax.jit(lambda x: blockwise(lambda v: jnp.tanh(v @ W) @ W, x, block_size=size))
+    whole = np.asarray(product(x))
+    for start in range(0, n, size):
+        np.testing.assert_array_equal(np.asarray(product(x[start:])), whole[start:])
 
 
 @pytest.mark.parametrize(
