@@ -15,6 +15,7 @@ hashing costs less than a compile (`HOST_MAX_HASHES`).
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -113,7 +114,12 @@ def host_normal(key, shape: tuple, dtype):
 
 def seed_or_key(key):
     """`key` for `normal` and `split`: a seed the host derives (`host_seed`) as the data of
-    `jax.random.key(seed)` (the counter-free key (0, seed)), anything else unchanged."""
+    `jax.random.key(seed)` (the counter-free key (0, seed)), anything else unchanged (a
+    concrete 0-d integer array is read as the seed it holds)."""
+    dtype = getattr(key, "dtype", None)
+    scalar = dtype is not None and np.ndim(key) == 0 and not isinstance(key, jax.core.Tracer)
+    if scalar and jnp.issubdtype(dtype, jnp.integer):
+        key = int(key)
     return np.array([0, key], np.uint32) if host_seed(key) else key
 
 

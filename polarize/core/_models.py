@@ -145,12 +145,21 @@ def with_params(model: AbstractModel, values) -> AbstractModel:
 
 
 def as_key(key: PRNGKeyArray | int) -> PRNGKeyArray:
-    """A typed PRNG key from an int seed or an existing key."""
-    if isinstance(key, int | np.integer):
+    """A typed PRNG key from an int seed (a Python, numpy or JAX integer, traced too), an
+    existing key, or the uint32 data of one (`jax.random.PRNGKey(seed)`)."""
+    dtype = getattr(key, "dtype", None)
+    if isinstance(key, int | np.integer) and not isinstance(key, bool):
         return jax.random.key(int(key))
-    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
         return key
-    return jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
+    if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and np.ndim(key) == 0:
+        return jax.random.key(key)
+    if dtype == np.uint32 and np.ndim(key) >= 1:
+        return jax.random.wrap_key_data(jnp.asarray(key))
+    got = f"a {type(key).__name__}" if dtype is None else f"an array of {dtype} and shape {np.shape(key)}"
+    raise PolarizeError(
+        f"`key` must be an int seed, a JAX key (jax.random.key(seed)) or the uint32 data of one; got {got}"
+    )
 
 
 def init_keys(key: PRNGKeyArray | int, n: int, start: int = 0) -> PRNGKeyArray:

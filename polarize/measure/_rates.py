@@ -6,6 +6,7 @@ import numpy as np
 from jaxtyping import Array
 
 from ..core._batching import blockwise
+from ..core._errors import PolarizeError
 
 
 def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array]:
@@ -29,9 +30,14 @@ def logistic_rate(ts, max_weight, *, t1: float | None = None) -> dict[str, Array
         {"rate_C": (inits,), "rate_drift": (inits,)}.
     """
     ts = np.asarray(ts, dtype=float)  # concrete: the window is chosen here
+    mw = jnp.asarray(max_weight)
+    if ts.ndim != 1 or ts.size == 0 or mw.ndim == 0 or mw.shape[-1] != ts.size:
+        raise PolarizeError(
+            "`max_weight` must hold one value per saved time on its last axis, `ts` the "
+            f"saved times (times,); got ts {ts.shape} and max_weight {mw.shape}"
+        )
     t1 = float(ts[-1] if t1 is None else t1)
     window = (ts >= t1 / 10) & (ts <= t1) & (ts > 1)
-    mw = jnp.asarray(max_weight)
     if t1 < 100 or window.sum() < 2:
         nan = jnp.full(mw.shape[:-1], jnp.nan, dtype=mw.dtype)
         return {"rate_C": nan, "rate_drift": nan}

@@ -23,6 +23,7 @@ from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
 from ..core._errors import PolarizeError, check_positive
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
+from ..core._refuse import refuse_if
 from ..core._times import save_steps
 from ..core._trajectory import Trajectory, all_finite, observe
 from ..core.fields import Path, prepare
@@ -49,7 +50,8 @@ def descend(
     Args:
         model, objective: as for `flow` (either may be batched).
         optimizer: an optax transformation, or a float lr meaning `optax.sgd(lr)` (then
-            the rate is data: descents that differ only in it share one compiled program).
+            the rate is data: descents that differ only in it share one compiled program,
+            and it may be traced by `jax.jit` or `jax.grad`, checked at run time).
         steps: number of updates.
         lr: the step size used to report time as step x lr with an optax optimizer
             (taken from `optimizer` when it is a float: giving another one is refused);
@@ -82,7 +84,11 @@ def descend(
         and np.shape(optimizer) == ()
         and _is_real(optimizer)
     )
-    if plain:
+    if plain and isinstance(optimizer, jax.core.Tracer):  # under jit or grad: checked at run time
+        if lr is not None:
+            raise PolarizeError("`lr` and a traced learning rate as `optimizer`: pass the rate once")
+        lr = optimizer = _positive_rate(optimizer)
+    elif plain:
         rate = check_positive("lr", float(optimizer))
         if lr is not None and lr != rate:
             raise PolarizeError(
@@ -98,7 +104,7 @@ def descend(
             f"got {type(optimizer).__name__}"
         )
     if lr is not None:
-        check_positive("lr", lr)
+        lr = _positive_rate(lr) if isinstance(lr, jax.core.Tracer) else check_positive("lr", lr)
     block_size = ensembles.block_size_or_default(block_size)
     release_programs_if_crowded(model, objective)
     model, objective, field = prepare(model, objective, path=path, precision=precision, euclidean=not plain)
@@ -130,6 +136,12 @@ def descend(
     ok = status == codes.OK
     traj = eqx.tree_at(lambda t: (t.ts, t.status, t.ok), traj, (ts, status.astype(jnp.int32), ok))
     return traj if targets is None else (traj, first)
+
+
+def _positive_rate(rate):
+    """A traced learning rate, refused at run time unless positive and finite."""
+    bad = lambda x, xp: ~(xp.isfinite(x) & (x > 0))
+    return refuse_if(rate, bad, "`lr` must be a positive finite number")
 
 
 def _is_real(x) -> bool:
@@ -172,7 +184,7 @@ def descend_with_hitting_times(
     names = time_names(check_levels(levels), loss_fraction)
     targets = Targets.of(levels, loss_fraction)
     traj, first = descend(model, objective, lr, steps=steps, targets=targets, **options)
-    rate = 1.0 if isinstance(lr, optax.GradientTransformation) else float(lr)  # descend checked it
+    rate = 1.0 if isinstance(lr, optax.GradientTransformation) else lr  # descend checked it
     times = jnp.where(first >= 0, first * rate, jnp.inf)
     times = jnp.where(traj.ok[..., None], times, jnp.nan)
     return traj, {name: times[..., j] for j, name in enumerate(names)}
