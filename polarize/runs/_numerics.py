@@ -12,6 +12,7 @@ import dataclasses
 import functools
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -155,12 +156,23 @@ def measure(config, model, objective, *, devices=None, method: tuple | None = No
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
     The solves, hitting times and statistics are split over `devices`; the numbers do
-    not depend on the device count. Hitting times that need restarted solves (solvers
-    outside the batched loop) run on one device: their restarted solves' root finding
-    rounded differently inside `shard_map`. `method` (solver, clock) replaces the
+    not depend on the device count. Flows whose solver runs outside the engine's batched
+    loop (the stiff default, implicit solvers) run on one device: their solves, and the
+    root finding of their restarted hitting times, rounded differently inside
+    `shard_map` (and an implicit solver's linear solve failed there). With several
+    devices the solver and clock are decided here, on the concrete objective. `method`
+    (solver, clock) replaces the
     config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
     sweep's concrete objective (a stored program's trace cannot read its curvature).
     """
+    devices = tuple(devices or jax.local_devices())
+    if config.method == "flow" and len(devices) > 1:
+        # decided here on the concrete objective: traced inside the devices' program its
+        # curvature is unknown, and the default would take the stiff method at any horizon
+        options = decided(model, objective, _options(config, method))
+        method = (options.solver, options.clock)
+        if not crosses_in_loop(model, objective, options):  # rounds otherwise in `shard_map`
+            devices = devices[:1]
     block_size = config.resolved().block_size
     out = over_devices(_solved(config.program(), method), model, objective, devices, block_size=block_size)
     if "reduced" in out:

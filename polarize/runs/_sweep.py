@@ -179,7 +179,8 @@ def run_chunk(
 
     The chunk's blocks run a fixed number of initializations at a time for the whole
     sweep (the last run padded with the next initializations), so that each runs one
-    compiled program; the numbers do not depend on it. On CPU runs of `AT_ONCE_CPU` go
+    compiled program, from the whole block that holds `start`; the numbers do not
+    depend on it. On CPU runs of `AT_ONCE_CPU` go
     side by side to the threads. On a GPU or TPU a run is one block per device: wide
     enough to fill the device, and trajectories a sweep stores (descent, solvers outside
     the batched loop) take no more device memory than the block's solve itself.
@@ -204,7 +205,11 @@ def run_chunk(
             ready.set()
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
-    starts = list(range(start, stop, size))
+    # runs start on the sweep's whole blocks, so that init i sits at row i % block_size of
+    # its block whatever the chunk size (XLA rounds a row by where it falls in a block);
+    # the rows before `start` are computed and dropped
+    base = start - start % config.block_size
+    starts = list(range(base, stop, size))
     parts = []
     key = (config.program(), size, tuple(devices or ()))
     if key not in _COMPILED:  # the first run alone compiles; the others reuse it
@@ -213,7 +218,7 @@ def run_chunk(
         _COMPILED.add(key)
     with ThreadPoolExecutor(threads) as pool:
         parts += list(pool.map(blocks, starts))
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts])[start - base :] for k in parts[0]}
 
 
 def _drawn_beside(config: SweepConfig, start: int, size: int, objective):

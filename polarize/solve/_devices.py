@@ -22,7 +22,6 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
@@ -55,9 +54,13 @@ def over_devices(fn, model, objective, devices=None, *, block_size: int = 1):
     # static and keys the compiled program
     split, rest = partition_inits((model, objective))
     shared, static = eqx.partition(rest, eqx.is_array)
+    # host copies: arrays a program left committed to one device (a stored program's
+    # outputs) would be refused as inputs placed on another than the devices' program
+    shared = jax.tree.map(np.asarray, shared)
 
     def pad(x):  # pad with copies of initialization 0: valid numbers, sliced off below
-        return jnp.concatenate([x, jnp.repeat(x[:1], per * k - n, axis=0)])
+        x = np.asarray(x)
+        return np.concatenate([x, np.repeat(x[:1], per * k - n, axis=0)])
 
     try:
         run = _sharded(fn, static, devices)

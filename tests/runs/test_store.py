@@ -118,6 +118,23 @@ def test_results_do_not_depend_on_chunk_size_or_backend_piece(reference, tmp_pat
         np.testing.assert_array_equal(got[k], one[k][2048:4096], err_msg=k)
 
 
+def test_a_chunk_that_is_not_whole_blocks_keeps_each_inits_row():
+    # chunks of 6 inits in blocks of 4: a chunk starting at init 6 ran its blocks from
+    # there, so init 7 sat at row 1 of its block instead of row 3, and its numbers (5
+    # tokens, dim 8) rounded otherwise; runs now start on the sweep's whole blocks
+    from polarize.runs._config import SweepConfig
+    from polarize.runs._sweep import run_chunk
+
+    config = SweepConfig(
+        tokens=5, dim=8, t1=1e4, n_save=16, snapshots=8, inits=20, chunk_size=6, block_size=4
+    )
+    whole = run_chunk(config, 0, 20)
+    for start, stop in ((6, 12), (18, 20), (1, 7)):
+        part = run_chunk(config, start, stop)
+        for k in whole:
+            np.testing.assert_array_equal(part[k], whole[k][start:stop], err_msg=f"{k} {start}")
+
+
 def test_results_do_not_depend_on_device_count(reference, tmp_path):
     """Two forced host devices give the same numbers, bit for bit, as one.
 
@@ -126,7 +143,7 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
     a subprocess, as the device count is fixed when JAX starts. Also three blocks of 4
     at 5 tokens and dim 5: split over two devices as 6 inits each, inits 6 and 7 sat
     at other rows of their blocks, which rounded their numbers otherwise on an AVX-512
-    CPU; each device now takes whole blocks.
+    CPU; each device now takes whole blocks. And two stiff flows (below).
     """
     import jax
 
@@ -135,6 +152,13 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
 
     assert jax.local_device_count() == 1, jax.devices()
     odd = dict(tokens=5, dim=5, t1=1e3, n_save=8, inits=12, block_size=4, v_scale=1.0, a_scale=1.0)
+    # the stiff default (Rosenbrock) rounded otherwise inside the devices' program; and
+    # at curvature x t1 = 200 the default is Tsit5, but traced inside that program the
+    # objective's curvature was unknown and two devices took Rosenbrock (with the cache
+    # on, the square's data, made by a stored program on device 0, was refused there)
+    small = dict(tokens=5, dim=8, n_save=16, snapshots=8, inits=12, block_size=4)
+    stiff = dict(small, objective="cross-entropy", t1=1e5)
+    square = dict(small, objective="square", kappa=3.0, t1=100.0)
     script = (
         "import jax, numpy as np, sys; jax.config.update('jax_enable_x64', True)\n"
         "from polarize.runs._config import SweepConfig\n"
@@ -147,21 +171,28 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
         "info = _sharded.cache_info()\n"
         "assert info.misses == 1 and info.hits >= 1, info\n"
         f"np.savez(sys.argv[1] + '.odd.npz', **run_chunk(SweepConfig(**{odd!r}), 0, 12))\n"
+        f"np.savez(sys.argv[1] + '.ce.npz', **run_chunk(SweepConfig(**{stiff!r}), 0, 12))\n"
+        "import os; os.environ.pop('POLARIZE_NO_CACHE'); os.environ['POLARIZE_CACHE_DIR'] = sys.argv[2]\n"
+        "from polarize.solve._devices import enable_compilation_cache; enable_compilation_cache()\n"
+        f"np.savez(sys.argv[1] + '.sq.npz', **run_chunk(SweepConfig(**{square!r}), 0, 12))\n"
     )
     # the suite's own XLA flags too (conftest.py): the same compiler as this process
     env = {**ENV, "XLA_FLAGS": f"{ENV.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "d2.npz")], env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "d2.npz"), str(tmp_path / "cache")], env=env, check=True
+    )
     two = np.load(tmp_path / "d2.npz")
     series = np.load(reference / "series.npz")  # the snapshots (snap_*) are stored apart
     one = per_init(reference) | {k: series[k] for k in series.files if k.startswith("snap_")}
     assert sorted(two.files) == sorted(one)
     for k in two.files:
         np.testing.assert_array_equal(two[k], one[k][:300], err_msg=k)
-    two = np.load(tmp_path / "d2.npz.odd.npz")
-    one = run_chunk(SweepConfig(**odd), 0, 12)
-    assert sorted(two.files) == sorted(one)
-    for k in two.files:
-        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
+    for name, settings in (("odd", odd), ("ce", stiff), ("sq", square)):
+        two = np.load(tmp_path / f"d2.npz.{name}.npz")
+        one = run_chunk(SweepConfig(**settings), 0, 12)
+        assert sorted(two.files) == sorted(one)
+        for k in two.files:
+            np.testing.assert_array_equal(two[k], one[k], err_msg=f"{name} {k}")
 
 
 def test_load_returns_a_run_with_tables(reference):
