@@ -71,6 +71,10 @@ def test_learning_rates_as_numpy_or_jax_scalars_are_learning_rates():
             pz.descend(M, OBJ, lr, steps=5).V, pz.descend(M, OBJ, float(lr), steps=5).V
         )
     np.testing.assert_array_equal(pz.descend(M, OBJ, 0.1, steps=5, save_at=[0.0, 5.0]).steps, [0, 5])
+    hits = lambda lr: pz.descend_with_hitting_times(M, OBJ, lr, steps=300)[1]["time_to_0.5"]
+    times = hits(np.float32(0.3))  # step x rate in float64, not float32
+    assert times.dtype == np.float64 and np.isfinite(times).all()
+    np.testing.assert_array_equal(times, hits(float(np.float32(0.3))))
     assert bool(jnp.all(pz.descend(M, OBJ, optax.adam(0.1), steps=5).ok))
 
 

@@ -161,9 +161,9 @@ def measure(config, model, objective, *, devices=None, method: tuple | None = No
     root finding of their restarted hitting times, rounded differently inside
     `shard_map` (and an implicit solver's linear solve failed there). With several
     devices the solver and clock are decided here, on the concrete objective. `method`
-    (solver, clock) replaces the
-    config's solver and `flow`'s default clock: what `solve._flow.decided` made of them for this
-    sweep's concrete objective (a stored program's trace cannot read its curvature).
+    (solver, clock) replaces the config's solver and `flow`'s default clock: what
+    `solve._flow.decided` made of them for this sweep's concrete objective (a stored
+    program's trace cannot read its curvature).
     """
     devices = tuple(devices or jax.local_devices())
     if config.method == "flow" and len(devices) > 1:

@@ -184,7 +184,12 @@ def descend_with_hitting_times(
     names = time_names(check_levels(levels), loss_fraction)
     targets = Targets.of(levels, loss_fraction)
     traj, first = descend(model, objective, lr, steps=steps, targets=targets, **options)
-    rate = 1.0 if isinstance(lr, optax.GradientTransformation) else lr  # descend checked it
+    # (descend checked it) a traced rate stays traced; a concrete one is a Python float, so
+    # that a float32 rate does not make the times float32
+    if isinstance(lr, optax.GradientTransformation):
+        rate = 1.0
+    else:
+        rate = lr if isinstance(lr, jax.core.Tracer) else float(lr)
     times = jnp.where(first >= 0, first * rate, jnp.inf)
     times = jnp.where(traj.ok[..., None], times, jnp.nan)
     return traj, {name: times[..., j] for j, name in enumerate(names)}

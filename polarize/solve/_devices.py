@@ -54,9 +54,10 @@ def over_devices(fn, model, objective, devices=None, *, block_size: int = 1):
     # static and keys the compiled program
     split, rest = partition_inits((model, objective))
     shared, static = eqx.partition(rest, eqx.is_array)
-    # host copies: arrays a program left committed to one device (a stored program's
-    # outputs) would be refused as inputs placed on another than the devices' program
-    shared = jax.tree.map(np.asarray, shared)
+    # arrays a program left committed to other devices (a stored program's outputs, on
+    # device 0) would be refused by the devices' program: host copies of those only
+    elsewhere = lambda x: isinstance(x, jax.Array) and x.committed and x.sharding.device_set != set(devices)
+    shared = jax.tree.map(lambda x: np.asarray(x) if elsewhere(x) else x, shared)
 
     def pad(x):  # pad with copies of initialization 0: valid numbers, sliced off below
         x = np.asarray(x)
