@@ -246,10 +246,10 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
             opt = optax.sgd(optimizer.astype(jax.tree.leaves(theta)[0].dtype))
         else:
             opt = optimizer
+        pack, unpack = _packing(theta)
         if flat:
             # plain SGD is elementwise: step one (state, inits) array instead of one per
             # leaf, the same arithmetic in fewer, larger kernels
-            pack, unpack = _packing(theta)
             field = per_init(lambda m, o, th, c: system(th, m, o, c))
 
             def advance(carry):
@@ -259,85 +259,57 @@ def _descend(model, objective, optimizer, marks, system, block_size, flat, targe
                 return optax.apply_updates(x, updates), opt_state
 
             carry = (pack(theta), opt.init(pack(theta)))
+            as_tree, as_row = unpack, lambda x: x  # the stepped state x: packed
         else:
-            unpack = lambda x: x
             carry = (theta, per_init(lambda m, o, th: opt.init(th))(block, theta))
             step = per_init(one_step)
 
             def advance(carry):
                 return step(block, *carry, constants)
 
-        stack = lambda saved: jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)
+            as_tree, as_row = (lambda x: x), pack  # the stepped state x: theta's tree
+
+        # One scan over all steps, one step per loop trip, so one loop body to compile
+        # whatever steps are saved: the state before step k is kept in row j of `kept`
+        # where k is the j-th saved step (row n takes the others), and checked against the
+        # targets if any. Its length is static, so the loop is reverse-differentiable; a
+        # kept row's tangent needs only the row index. (Before: one scan per segment between
+        # saved steps, one compiled body each; for an optax optimizer, 64 by default.)
+        # Unrolled, Adam and momentum ran 20-30% faster but compiled 3x longer, and their
+        # numbers depended on which steps were saved (benchmarks/NOTES.md).
+        n, k_ = len(marks), lambda k: jnp.asarray(k, _index_dtype())
+        at = k_(marks + (-1,))  # at[j]: the next saved step (-1: none left)
         if targets is None:
-            body = lambda carry, _: (advance(carry), None)
-            saved, done = [], 0
-            # One scan per segment between saved steps: static lengths keep the loop
-            # reverse-differentiable, so gradients can flow through descent too. One step
-            # per loop trip in every scan: unrolled eight times, plain GD ran no faster and
-            # compiled ~0.3 s longer; Adam and momentum ran 20-30% faster but compiled 3x
-            # longer, and their numbers depended on which steps were saved (by up to
-            # 6e-12; benchmarks/NOTES.md).
-            for mark in marks:
-                if mark > done:
-                    carry, _ = jax.lax.scan(body, carry, None, length=mark - done)
-                    done = mark
-                saved.append(unpack(carry[0]))
-            return stack(saved), None  # (inits, marks, ...)
+            check = lambda first, x, k: first
+            first = None
+        else:
+            levels = per_init(targets.levels)(block)  # (targets, inits)
+            reached = per_init(
+                lambda m, o, th, c, lv: targets.from_observed(*system.observe(th, m, o, c), lv) >= 0
+            )
+            first = jnp.full(targets.kinds.shape + (block_size,), -1, _index_dtype())
 
-        # With targets, the state before step k is only read: checked against the targets
-        # (and kept, where k is saved), so the steps are those above.
-        levels = per_init(targets.levels)(block)  # (targets, inits)
-        reached = per_init(
-            lambda m, o, th, c, lv: targets.from_observed(*system.observe(th, m, o, c), lv) >= 0
-        )
-        k_ = lambda k: jnp.asarray(k, _index_dtype())
-        first = jnp.full(targets.kinds.shape + (block_size,), -1, _index_dtype())
-
-        def check(first, x, k):  # first hits (targets, inits) after reading state x of step k
-            return jnp.where((first < 0) & reached(block, unpack(x), constants, levels), k, first)
-
-        if not flat:
-            # per-leaf optimizer states are a pytree, not one array to keep rows of: the
-            # segments above, checked in the body
-            def tracked(carry, k):
-                state, first = carry
-                return (advance(state), check(first, state[0], k)), None
-
-            def segment(carry, start, stop):
-                ks = jnp.arange(start, stop, dtype=_index_dtype())
-                return jax.lax.scan(tracked, carry, ks)[0]
-
-            carry, saved, done = (carry, first), [], 0
-            for mark in marks + ((steps,) if steps > marks[-1] else ()):
-                if mark > done:
-                    carry = segment(carry, done, mark)
-                    done = mark
-                saved.append(unpack(carry[0][0]))
-            first = check(carry[1], carry[0][0], k_(steps))
-            return stack(saved[: len(marks)]), first.T  # (inits, marks, ...), (inits, targets)
-
-        # Plain SGD steps one array elementwise, and its numbers have not depended on the
-        # loop structure (tests/solve/test_descent.py checks this one against the segments): one
-        # scan over all steps, one loop body to compile instead of one per segment (half the
-        # compile time of the segments alone), the saved steps' states kept in rows of
-        # `kept` (row n takes the others).
-        n, at = len(marks), k_(marks + (-1,))  # at[j]: the next saved step (-1: none left)
+            def check(first, x, k):  # first hits (targets, inits) after reading state x of step k
+                return jnp.where((first < 0) & reached(block, as_tree(x), constants, levels), k, first)
 
         def read(x, seen, k):
             first, kept, j = seen
             row = jnp.where(at[j] == k, j, n)
-            kept = jax.lax.dynamic_update_index_in_dim(kept, x, row, 0)
+            kept = jax.lax.dynamic_update_index_in_dim(kept, as_row(x), row, 0)
             return check(first, x, k), kept, j + (at[j] == k)
 
         def body(carry, k):
             state, seen = carry
             return (advance(state), read(state[0], seen, k)), None
 
-        kept = jnp.zeros((n + 1,) + carry[0].shape, carry[0].dtype)
+        row = as_row(carry[0])
+        kept = jnp.zeros((n + 1,) + row.shape, row.dtype)
         start = (carry, (first, kept, k_(0)))
         carry, _ = jax.lax.scan(body, start, jnp.arange(steps, dtype=_index_dtype()))
         first, kept, _ = read(carry[0][0], carry[1], k_(steps))
-        return stack([unpack(kept[i]) for i in range(n)]), first.T
+        stack = lambda saved: jax.tree.map(lambda *xs: jnp.moveaxis(jnp.stack(xs), -1, 0), *saved)
+        saved = stack([unpack(kept[i]) for i in range(n)])  # (inits, marks, ...)
+        return saved, None if first is None else first.T  # first: (inits, targets)
 
     states, first = ensembles.block_map(run_block, dynamic, block_size=block_size)
 
