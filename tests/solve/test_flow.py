@@ -157,7 +157,9 @@ def test_single_initialization_has_no_batch_axis():
     # the same solve as the batch of one (another program: compared to rounding)
     batch = pz.flow(m, pz.random_direction(0, 3), t1=10.0, n_save=5)
     np.testing.assert_allclose(traj.weights, batch.weights[0], rtol=1e-12)
-    np.testing.assert_allclose(traj.V, batch.V[0], rtol=1e-12, atol=1e-15)
+    # to rounding of the array's scale: an entry that cancels to -0.034 among entries of
+    # 0.18 differed by 5e-14 under another codegen (LLVM -O0)
+    np.testing.assert_allclose(traj.V, batch.V[0], rtol=0, atol=1e-12 * np.abs(batch.V[0]).max())
 
 
 def test_batch_composition_does_not_change_results():
@@ -169,8 +171,7 @@ def test_batch_composition_does_not_change_results():
     np.testing.assert_array_equal(small.a, big.a[:10])
     offset = pz.init_ensemble(5, 10, tokens=8, dim=8, start=990)
     np.testing.assert_array_equal(offset.V, pz.init_ensemble(5, 1000, tokens=8, dim=8).V[990:])
-    # in the batch of 1000 the last 128 share a block overlapping the one before (at
-    # other places in it than in a padded block of their own): still the same numbers
+    # in the batch of 1000 the last 104 are a padded block (of 128): still the same numbers
     tail = pz.flow(offset, obj, t1=1e4, n_save=8)
     np.testing.assert_array_equal(tail.V, big.V[990:])
     np.testing.assert_array_equal(tail.weights, big.weights[990:])
