@@ -209,14 +209,14 @@ def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     }
 
 
-def test_the_study_command_solves_without_loading_pandas_or_matplotlib(tmp_path):
-    # its table and figure are written by the figure process
+def test_the_study_command_solves_without_loading_optax_pandas_or_matplotlib(tmp_path):
+    # its table and figure are written by the figure process; a flow needs no optax
     spec = tmp_path / "two.toml"
     spec.write_text("[base]\ntokens = 3\ndim = 2\ninits = 8\nt1 = 100.0\n[grid]\nseed = [0, 1]\n")
     out = tmp_path / "study"
     seen = (
         "import atexit, sys; "
-        "atexit.register(lambda: print(sorted({'matplotlib', 'pandas'} & set(sys.modules)))); "
+        "atexit.register(lambda: print(sorted({'matplotlib', 'optax', 'pandas'} & set(sys.modules)))); "
     )
     args = ["study", str(spec), "--out", str(out), "--no-progress"]
     proc = subprocess.run([sys.executable, "-c", seen + COMMAND, *args], capture_output=True, text=True)

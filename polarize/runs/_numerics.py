@@ -2,9 +2,10 @@
 
 `measure(config, model, objective)` solves a batch of initializations under the config's
 method (the exact flow, or descent) and reduces each to what a sweep keeps (see
-`_sweep`'s module doc). This is the part of a sweep that needs diffrax and optax; the
-runner (`_sweep`) imports it on first use, so that a warm sweep that runs its stored
-program (`_programs`) does not load them. Like `_build`, it imports nothing of the
+`_sweep`'s module doc). This is the part of a sweep that needs diffrax, and optax for
+descent (loaded on first use through `polarize.solve`: a flow sweep never loads it, 0.1 s
+of a cold default sweep); the runner (`_sweep`) imports it on first use, so that a warm
+sweep that runs its stored program (`_programs`) loads neither. Like `_build`, it imports nothing of the
 config (`SweepConfig` imports it on first use for `build_solver` and `solve_options`).
 """
 
@@ -16,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import solve as solvers
 from ..core._trajectory import Trajectory
 from ..core._weights import distribution
 from ..measure._rates import logistic_rate
 from ..measure._selection import token_selection, weight_statistics
 from ..measure._statistics import final_of_one, final_statistics, order_flags_apply
-from ..solve._descent import descend_with_hitting_times
 from ..solve._devices import over_devices
 from ..solve._flow import crosses_in_loop, decided
 from ..solve._hitting import flow_and_crossings, restarted_hitting_times
@@ -90,7 +91,8 @@ def solve_with_times(config, model, objective) -> tuple[Trajectory, dict | None]
     # descent checks the targets on the iterates it steps, in the same scan
     levels = dict(levels=config.levels, loss_fraction=config.loss_fraction)
     saves = dict(n_save=config.n_save, block_size=config.resolved().block_size)
-    return descend_with_hitting_times(model, objective, config.lr, steps=config.steps, **levels, **saves)
+    descend = solvers.descend_with_hitting_times  # loads optax, on a descent sweep only
+    return descend(model, objective, config.lr, steps=config.steps, **levels, **saves)
 
 
 @functools.lru_cache(maxsize=16)

@@ -12,9 +12,9 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submodules=[],
     submod_attrs={
-        "_descent": ["descend", "descend_with_hitting_times"],
+        "_descent": ["descend", "descend_with_hitting_times", "descent_hitting_times"],
         "_flow": ["flow", "modified_flow"],
-        "_hitting": ["descent_hitting_times", "flow_with_hitting_times", "hitting_times"],
+        "_hitting": ["flow_with_hitting_times", "hitting_times"],
         "_options": ["SolveOptions"],
     },
 )

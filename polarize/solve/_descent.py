@@ -195,6 +195,27 @@ def descend_with_hitting_times(
     return traj, {name: times[..., j] for j, name in enumerate(names)}
 
 
+def descent_hitting_times(
+    model: AbstractModel,
+    objective: AbstractObjective,
+    lr: float,
+    *,
+    steps: int,
+    levels=LEVELS,
+    loss_fraction: float | None = LOSS_FRACTION,
+) -> dict[str, Float[Array, "*inits"]]:
+    """For plain gradient descent at `lr`: the first step index k whose iterate reaches
+    each level (k = 0 is the start), times lr; inf where not reached within `steps`.
+
+    The hits are those `polarize.descend` tracks on its own iterates
+    (`descend_with_hitting_times`, saving only the last step). NaN where an iterate went
+    non-finite.
+    """
+    lr = check_positive("lr", lr)
+    options = dict(steps=steps, levels=levels, loss_fraction=loss_fraction, save_at=[steps])
+    return descend_with_hitting_times(model, objective, lr, **options)[1]
+
+
 def _packing(theta):
     """(pack, unpack) between a block's state pytree (inits axis last) and one
     (numbers per init, inits) array."""

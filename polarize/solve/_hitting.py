@@ -23,9 +23,10 @@ Caveat of the bracketing: a crossing that uncrosses again between two saved time
 the time reported is that of a later crossing, or inf. More saved times (`n_save`)
 shrink the intervals.
 
-For gradient descent (`descent_hitting_times`, `descend_with_hitting_times`) the time
-of a level is the first step index k whose iterate reached it, times lr, tracked by
-`descend` in the same scan that steps it.
+For gradient descent (`_descent.descent_hitting_times` and
+`descend_with_hitting_times`, beside `descend`: a flow never loads optax) the time of a
+level is the first step index k whose iterate reached it, times lr, tracked by `descend`
+in the same scan that steps it.
 """
 
 import diffrax
@@ -36,12 +37,11 @@ from jaxtyping import Array, Float
 
 from ..core._batching import blockwise, exact_matmuls, partition_inits
 from ..core._choices import LEVELS, LOSS_FRACTION, check_levels, time_names
-from ..core._errors import PolarizeError, check_positive
+from ..core._errors import PolarizeError
 from ..core._models import AbstractModel
 from ..core._objectives import AbstractObjective
 from ..core._trajectory import Trajectory, observe
 from ..core.fields import choose_field
-from ._descent import descend_with_hitting_times
 from ._flow import solve_flow
 from ._options import USER_SETTINGS, SolveOptions, Targets
 from ._roots import Chandrupatla
@@ -232,24 +232,3 @@ def _first_crossings(
     times = jnp.where(k == 0, ts[0], located)
     times = jnp.where(reached, times, jnp.inf)
     return jnp.where(ok, times, jnp.nan)
-
-
-def descent_hitting_times(
-    model: AbstractModel,
-    objective: AbstractObjective,
-    lr: float,
-    *,
-    steps: int,
-    levels=LEVELS,
-    loss_fraction: float | None = LOSS_FRACTION,
-) -> dict[str, Float[Array, "*inits"]]:
-    """For plain gradient descent at `lr`: the first step index k whose iterate reaches
-    each level (k = 0 is the start), times lr; inf where not reached within `steps`.
-
-    The hits are those `polarize.descend` tracks on its own iterates
-    (`descend_with_hitting_times`, saving only the last step). NaN where an iterate went
-    non-finite.
-    """
-    lr = check_positive("lr", lr)
-    options = dict(steps=steps, levels=levels, loss_fraction=loss_fraction, save_at=[steps])
-    return descend_with_hitting_times(model, objective, lr, **options)[1]
