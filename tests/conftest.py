@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -41,6 +42,15 @@ if _ours and _xla_accepts(f"{_flags} {_ours}".strip()):
     os.environ["XLA_FLAGS"] = f"{_flags} {_ours}".strip()
 
 import jax  # noqa: E402
+
+# Python's full collections (of the oldest generation) after 100 collections of the middle
+# one instead of 10, as the `polarize` command does (`cli.FULL_COLLECTION_EVERY`): a
+# worker's heap grows to millions of objects, JAX's caches of the programs it traced and
+# compiled, and each full collection scanned all of it for little garbage, 3.5% of the
+# test time of tests/solve and tests/core (1.6% now; benchmarks/NOTES.md). Young garbage
+# is collected as before.
+_young, _middle, _ = gc.get_threshold()
+gc.set_threshold(_young, _middle, 100)
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
