@@ -3,10 +3,11 @@
 `measure(config, model, objective)` solves a batch of initializations under the config's
 method (the exact flow, or descent) and reduces each to what a sweep keeps (see
 `_sweep`'s module doc). This is the part of a sweep that needs diffrax, and optax for
-descent (loaded on first use through `polarize.solve`: a flow sweep never loads it, 0.1 s
-of a cold default sweep); the runner (`_sweep`) imports it on first use, so that a warm
-sweep that runs its stored program (`_programs`) loads neither. Like `_build`, it imports nothing of the
-config (`SweepConfig` imports it on first use for `build_solver` and `solve_options`).
+descent only (reached through `polarize.solve`'s lazy names, so a flow sweep never loads
+it: 0.1 s of a cold default sweep). The runner (`_sweep`) imports this module on first
+use, so that a warm sweep that runs its stored program (`_programs`) loads neither. Like
+`_build`, it imports nothing of the config (`SweepConfig` imports it on first use for
+`build_solver` and `solve_options`).
 """
 
 import dataclasses

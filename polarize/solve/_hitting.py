@@ -23,10 +23,10 @@ Caveat of the bracketing: a crossing that uncrosses again between two saved time
 the time reported is that of a later crossing, or inf. More saved times (`n_save`)
 shrink the intervals.
 
-For gradient descent (`_descent.descent_hitting_times` and
-`descend_with_hitting_times`, beside `descend`: a flow never loads optax) the time of a
-level is the first step index k whose iterate reached it, times lr, tracked by `descend`
-in the same scan that steps it.
+For gradient descent the time of a level is the first step index k whose iterate
+reached it, times lr, tracked by `descend` in the same scan that steps it
+(`descent_hitting_times` and `descend_with_hitting_times` live beside `descend` in
+`_descent`, so that a flow never loads optax).
 """
 
 import diffrax
