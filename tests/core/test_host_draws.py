@@ -79,6 +79,19 @@ def test_init_ensemble_is_the_same_drawn_on_the_host_traced_or_large(monkeypatch
     np.testing.assert_array_equal(big.a, host.a)
 
 
+def test_an_int_seeds_ensemble_derives_no_jax_key(monkeypatch):
+    # the seed's key data comes from the host; jax.random.key(seed) would compile a program
+    want = pz.init_ensemble(jax.random.key(7), 20, tokens=3, dim=5, a_scale=1.0)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("jax.random.key was called")
+
+    monkeypatch.setattr(jax.random, "key", refused)
+    got = pz.init_ensemble(7, 20, tokens=3, dim=5, a_scale=1.0)
+    np.testing.assert_array_equal(got.V, want.V)
+    np.testing.assert_array_equal(got.a, want.a)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_objectives_drawn_on_the_host_are_jax_randoms(dtype, monkeypatch):
     # random_direction, conditioned_regression and random_labels from an int seed or a key,
