@@ -12,6 +12,9 @@ operations `jax.random.normal` applies (one small program for every shape).
 compare them with `jax.random` over many keys, shapes and both dtypes); it covers
 JAX's default, "partitionable" Threefry and float32 or float64, and is used where the
 hashing costs less than a compile (`HOST_MAX_HASHES`).
+
+The draws reach JAX by `jax.device_put`: `jnp.asarray` of a numpy array compiles a
+program per shape (about 12 ms each in a fresh process), to copy the same numbers.
 """
 
 import jax
@@ -84,7 +87,7 @@ def host_normals(key, start, *, n: int, shape: tuple, dtype) -> tuple:
     bits = [_bits(key, size, dtype) for key, size in zip((kv, ka), sizes)]
     z = _normal_of(_uniform(np.concatenate([b.ravel() for b in bits]), dtype))
     V, a = z[: n * sizes[0]], z[n * sizes[0] :]
-    return jax.numpy.asarray(V.reshape(n, *shape)), jax.numpy.asarray(a.reshape(n, *shape[1:]))
+    return jax.device_put(V.reshape(n, *shape)), jax.device_put(a.reshape(n, *shape[1:]))
 
 
 def host_normals_per_init(key, start, *, n: int, shape: tuple, dtype):
@@ -92,7 +95,7 @@ def host_normals_per_init(key, start, *, n: int, shape: tuple, dtype):
     shape (n, *shape), initialization i from fold_in(key, start + i). `key`: a JAX key or
     its data (two uint32)."""
     z = _normal_of(_uniform(_bits(_init_keys(key, start, n), int(np.prod(shape)), dtype).ravel(), dtype))
-    return jax.numpy.asarray(z.reshape(n, *shape))
+    return jax.device_put(z.reshape(n, *shape))
 
 
 def per_init_drawable(key, start, n: int, shape: tuple, dtype) -> bool:
@@ -109,7 +112,7 @@ def host_normal(key, shape: tuple, dtype):
     """`jax.random.normal(key, shape, dtype)` (`key` a JAX key or its data)."""
     k = _data(key)
     bits = _bits((k[:1], k[1:]), int(np.prod(shape)), dtype)
-    return jax.numpy.asarray(_normal_of(_uniform(bits.ravel(), dtype)).reshape(shape))
+    return jax.device_put(_normal_of(_uniform(bits.ravel(), dtype)).reshape(shape))
 
 
 def seed_or_key(key):

@@ -172,7 +172,7 @@ def first_index(start, n: int) -> Array:
     """`start` checked (initialization indices are 32-bit: start + n <= 2^32), as uint32."""
     if not isinstance(start, int | np.integer) or not 0 <= start <= 2**32 - n:
         raise PolarizeError(f"`start` must be an integer in [0, 2^32 - n] (n = {n}); got {start!r}")
-    return jnp.asarray(start, jnp.uint32)
+    return jax.device_put(np.uint32(start))  # no program: jnp.asarray compiles one
 
 
 def _keys(key, start, n: int):
@@ -229,7 +229,7 @@ def _scaled(x, s: float, *, add: bool = False):
     program to compile and load: a fresh process paid ~25 ms for each), else in JAX."""
     if jnp.dtype(x.dtype) in (jnp.float32, jnp.float64) and _on_cpu(x):
         host = np.asarray(x)
-        return jnp.asarray(host + host.dtype.type(s) if add else host * host.dtype.type(s))
+        return jax.device_put(host + host.dtype.type(s) if add else host * host.dtype.type(s))
     return s + x if add else s * x
 
 

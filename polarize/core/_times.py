@@ -27,6 +27,15 @@ def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
     return ts
 
 
+def _as_times(t, dtype) -> Array:
+    """`t` as an array of `dtype`: numbers in host memory (Python's, numpy's) converted by
+    numpy, without the XLA program `jnp.asarray` compiles per shape in a fresh process;
+    JAX arrays (concrete or traced) by `jnp.asarray`."""
+    if isinstance(t, int | float | np.number | np.ndarray):
+        return jax.device_put(np.asarray(t, dtype))
+    return jnp.asarray(t, dtype)
+
+
 def check_times(
     t0: Float[ArrayLike, ""],
     t1: Float[ArrayLike, ""],
@@ -42,7 +51,7 @@ def check_times(
     """
     check = jnp.result_type(float)  # checks in the widest float available
     with jax.ensure_compile_time_eval():  # concrete times stay concrete inside a caller's trace
-        t0_, t1_ = jnp.asarray(t0, check), jnp.asarray(t1, check)
+        t0_, t1_ = _as_times(t0, check), _as_times(t1, check)
     t0_ = refuse_if(t0_, lambda t, xp: ~xp.isfinite(t), f"`t0` must be finite; got t0={shown(t0)}")
     t1_ = refuse_if(t1_, lambda t, xp: ~xp.isfinite(t), f"`t1` must be finite; got t1={shown(t1)}")
     t0_ = refuse_if(t0_, lambda t, xp: t < 0, f"`t0` must be >= 0; got t0={shown(t0)}")
@@ -67,7 +76,7 @@ def check_times(
         ts_ = jnp.asarray(save_times(float(t1_), n_save, float(t0_)), check)
     else:
         with jax.ensure_compile_time_eval():
-            ts_ = jnp.asarray(ts, check)
+            ts_ = _as_times(ts, check)
         if ts_.ndim != 1 or ts_.size == 0:
             raise PolarizeError(f"`ts` must be a non-empty 1-D array of finite times; got shape {ts_.shape}")
         ts_ = refuse_if(

@@ -92,6 +92,30 @@ def test_an_int_seeds_ensemble_derives_no_jax_key(monkeypatch):
     np.testing.assert_array_equal(got.a, want.a)
 
 
+def test_host_draws_and_times_compile_no_copy_program(compiles):
+    # numbers made on the host reach JAX by device_put: jnp.asarray of a numpy array
+    # compiles a program per shape. Shapes no other test uses, so that no program is cached;
+    # the normal draw's program (one per dtype) and the unit direction's may compile.
+    from polarize.core._times import check_times
+
+    model, names = compiles.counting(pz.init_ensemble, 0, 3, tokens=11, dim=13, a_scale=0.5, a_offset=1.0)
+    assert set(names) <= {"jit(_inverse_erf)"}, names
+    direction, names = compiles.counting(pz.random_direction, 4, 17)
+    assert set(names) <= {"jit(_inverse_erf)", "jit(_unit)"}, names
+    times, names = compiles.counting(check_times, 0, 2.5, np.linspace(0.0, 2.5, 19))
+    assert names == [], names
+    # and the same numbers as drawn by jax.random and converted by jnp
+    V, a = jax.vmap(
+        lambda k: tuple(jax.random.normal(j, s) for j, s in zip(jax.random.split(k), [(13, 11), (11,)]))
+    )(pz.init_keys(0, 3))
+    np.testing.assert_array_equal(model.V, 0.1 * V)
+    np.testing.assert_array_equal(model.a, 1.0 + 0.5 * a)
+    b = jax.random.normal(jax.random.key(4), (17,))
+    np.testing.assert_array_equal(direction.b, b / jnp.linalg.norm(b))
+    np.testing.assert_array_equal(times[2], jnp.linspace(0.0, 2.5, 19))
+    assert [t.dtype for t in times] == [jnp.float64] * 3
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_objectives_drawn_on_the_host_are_jax_randoms(dtype, monkeypatch):
     # random_direction, conditioned_regression and random_labels from an int seed or a key,
