@@ -13,7 +13,9 @@ from typing import Literal
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from ..core._batching import Precision, block_size_or_default, float_dtype
@@ -47,7 +49,8 @@ class Targets(eqx.Module):
             raise PolarizeError(f"`loss_fraction` must be in (0, 1); got {loss_fraction!r}")
         kinds = [0] * len(levels) + ([1] if loss_fraction is not None else [])
         values = list(levels) + ([loss_fraction] if loss_fraction is not None else [])
-        return cls(jnp.asarray(kinds), jnp.asarray(values, dtype=float))
+        # by device_put: jnp.asarray of host numbers compiles a program per shape
+        return cls(jax.device_put(np.asarray(kinds)), jax.device_put(np.asarray(values, dtype=float)))
 
     def levels(self, model: AbstractModel, objective: AbstractObjective) -> Float[Array, " targets"]:
         """The levels of one initialization: loss fractions become losses (of L at the start)."""

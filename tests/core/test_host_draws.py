@@ -92,17 +92,21 @@ def test_an_int_seeds_ensemble_derives_no_jax_key(monkeypatch):
     np.testing.assert_array_equal(got.a, want.a)
 
 
-def test_host_draws_and_times_compile_no_copy_program(compiles):
-    # numbers made on the host reach JAX by device_put: jnp.asarray of a numpy array
+def test_host_numbers_reach_jax_without_a_copy_program(compiles):
+    # draws, times and targets made on the host reach JAX by device_put: jnp.asarray of them
     # compiles a program per shape. Shapes no other test uses, so that no program is cached;
     # the normal draw's program (one per dtype) and the unit direction's may compile.
     from polarize.core._times import check_times
+    from polarize.solve._options import Targets
 
     model, names = compiles.counting(pz.init_ensemble, 0, 3, tokens=11, dim=13, a_scale=0.5, a_offset=1.0)
     assert set(names) <= {"jit(_inverse_erf)"}, names
     direction, names = compiles.counting(pz.random_direction, 4, 17)
     assert set(names) <= {"jit(_inverse_erf)", "jit(_unit)"}, names
     times, names = compiles.counting(check_times, 0, 2.5, np.linspace(0.0, 2.5, 19))
+    assert names == [], names
+    levels = (0.31, 0.42, 0.53, 0.64, 0.75, 0.86)
+    targets, names = compiles.counting(Targets.of, levels, 0.02)
     assert names == [], names
     # and the same numbers as drawn by jax.random and converted by jnp
     V, a = jax.vmap(
@@ -114,6 +118,9 @@ def test_host_draws_and_times_compile_no_copy_program(compiles):
     np.testing.assert_array_equal(direction.b, b / jnp.linalg.norm(b))
     np.testing.assert_array_equal(times[2], jnp.linspace(0.0, 2.5, 19))
     assert [t.dtype for t in times] == [jnp.float64] * 3
+    np.testing.assert_array_equal(targets.values, jnp.asarray([*levels, 0.02]))
+    np.testing.assert_array_equal(targets.kinds, jnp.asarray([0] * 6 + [1]))
+    assert (targets.kinds.dtype, targets.values.dtype) == (jnp.int64, jnp.float64)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
