@@ -10,6 +10,8 @@ import polarize as pz
 from polarize.core import _host_draws
 from polarize.core._host_draws import host_normal, host_normals, host_stream, threefry2x32
 from polarize.core._models import _jitted_normals, as_key, standard_normals
+from polarize.core._times import check_times
+from polarize.solve._options import Targets
 
 
 def test_the_hash_is_threefry_2x32_20():
@@ -96,8 +98,6 @@ def test_host_numbers_reach_jax_without_a_copy_program(compiles):
     # draws, times and targets made on the host reach JAX by device_put: jnp.asarray of them
     # compiles a program per shape. Shapes no other test uses, so that no program is cached;
     # the normal draw's program (one per dtype) and the unit direction's may compile.
-    from polarize.core._times import check_times
-    from polarize.solve._options import Targets
 
     model, names = compiles.counting(pz.init_ensemble, 0, 3, tokens=11, dim=13, a_scale=0.5, a_offset=1.0)
     assert set(names) <= {"jit(_inverse_erf)"}, names
