@@ -1,5 +1,7 @@
 """Failures that used to be silent are loud or correct: each check also holds under jit."""
 
+import re
+
 import diffrax
 import equinox as eqx
 import jax
@@ -51,6 +53,21 @@ def test_check_holds_under_jit(name, build, good, bad, message):
         build(bad)  # concrete: refused now
     with pytest.raises(RUNTIME, match=message):
         jax.block_until_ready(jitted(jnp.asarray(bad)))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((0.0, "1e3"), "`t1` must be a finite number; got '1e3'"),
+        ((None, 1.0), "`t0` must be a finite number; got None"),
+        ((0.0, [1.0]), "`t1` must be a finite number; got [1.0]"),
+        ((0.0, 1.0, np.array(["0", "a"])), "`ts` must be a 1-D array of finite times"),
+        ((0.0, 1.0, [0.0, "a"]), "`ts` must be a 1-D array of finite times"),
+    ],
+)
+def test_times_that_are_not_numbers_are_refused_by_name(args, message):
+    with pytest.raises(pz.PolarizeError, match=re.escape(message)):
+        check_times(*args)
 
 
 def test_traced_save_times_outside_the_horizon_are_refused_not_clipped():

@@ -27,10 +27,19 @@ def save_times(t1: float, n_save: int = 64, t0: float = 0.0) -> np.ndarray:
     return ts
 
 
-def _as_times(t, dtype) -> Array:
+def _as_times(t, dtype, name: str) -> Array:
     """`t` as an array of `dtype`: numbers in host memory (Python's, numpy's) converted by
     numpy, without the XLA program `jnp.asarray` compiles per shape in a fresh process;
-    JAX arrays (concrete or traced) by `jnp.asarray`."""
+    JAX arrays (concrete or traced) by `jnp.asarray`. Anything that is not numbers (a
+    string, None) is refused by `name`."""
+    what = "a 1-D array of finite times" if name == "ts" else "a finite number"
+    try:
+        kind = t.dtype.kind if hasattr(t, "dtype") else np.asarray(t).dtype.kind
+    except (TypeError, ValueError):  # a ragged list
+        kind = "O"
+    # strings too: numpy and jax.numpy would read "1e3" as 1000.0
+    if kind not in "biuf" or (name != "ts" and np.ndim(t) != 0):
+        raise PolarizeError(f"`{name}` must be {what}; got {t!r}")
     if isinstance(t, int | float | np.number | np.ndarray):
         return jax.device_put(np.asarray(t, dtype))
     return jnp.asarray(t, dtype)
@@ -51,7 +60,7 @@ def check_times(
     """
     check = jnp.result_type(float)  # checks in the widest float available
     with jax.ensure_compile_time_eval():  # concrete times stay concrete inside a caller's trace
-        t0_, t1_ = _as_times(t0, check), _as_times(t1, check)
+        t0_, t1_ = _as_times(t0, check, "t0"), _as_times(t1, check, "t1")
     t0_ = refuse_if(t0_, lambda t, xp: ~xp.isfinite(t), f"`t0` must be finite; got t0={shown(t0)}")
     t1_ = refuse_if(t1_, lambda t, xp: ~xp.isfinite(t), f"`t1` must be finite; got t1={shown(t1)}")
     t0_ = refuse_if(t0_, lambda t, xp: t < 0, f"`t0` must be >= 0; got t0={shown(t0)}")
@@ -76,7 +85,7 @@ def check_times(
         ts_ = jnp.asarray(save_times(float(t1_), n_save, float(t0_)), check)
     else:
         with jax.ensure_compile_time_eval():
-            ts_ = _as_times(ts, check)
+            ts_ = _as_times(ts, check, "ts")
         if ts_.ndim != 1 or ts_.size == 0:
             raise PolarizeError(f"`ts` must be a non-empty 1-D array of finite times; got shape {ts_.shape}")
         ts_ = refuse_if(
