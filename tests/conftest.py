@@ -24,14 +24,18 @@ EMITTER = (
 )
 
 
-def _xla_accepts(flags: str) -> bool:
-    """Whether this jaxlib's XLA starts with `flags` in XLA_FLAGS: it ends the process on a
-    flag it does not know (pyproject allows jaxlibs from 0.4.35, which may predate this
-    option, and a later one may drop it), so the suite asks a subprocess once, and the
-    xdist workers inherit the answer (checked: one subprocess for `-n 2`)."""
+def _ask_xla(flags: str) -> subprocess.Popen:
+    """A subprocess whose exit status says whether this jaxlib's XLA starts with `flags` in
+    XLA_FLAGS: it ends the process on a flag it does not know (pyproject allows jaxlibs
+    from 0.4.35, which may predate this option, and a later one may drop it), so the suite
+    asks once, and the xdist workers inherit the answer (checked: one subprocess for
+    `-n 2`). It runs while this process imports JAX (XLA reads XLA_FLAGS when its backend
+    starts, not on import): the run's start was 1.6 s later with the question asked first
+    (benchmarks/NOTES.md)."""
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     code = "import jax; jax.numpy.zeros(1).block_until_ready()"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
+    out = subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=out)
 
 
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -39,8 +43,7 @@ _flags = os.environ.get("XLA_FLAGS", "")
 _ours = " ".join(f for f in EMITTER.split() if f.split("=")[0] not in _flags)
 if os.environ.get("POLARIZE_TEST_XLA_DEFAULTS") == "1":
     _ours = ""
-if _ours and _xla_accepts(f"{_flags} {_ours}".strip()):
-    os.environ["XLA_FLAGS"] = f"{_flags} {_ours}".strip()
+_asked = _ask_xla(f"{_flags} {_ours}".strip()) if _ours else None
 
 import jax  # noqa: E402
 
@@ -66,6 +69,10 @@ os.environ.setdefault("POLARIZE_THREADS", "1")
 import pytest  # noqa: E402
 
 from polarize.solve._devices import release_programs_if_crowded  # noqa: E402
+
+# the answer before any JAX backend starts here or in a worker (none has: only imports ran)
+if _asked is not None and _asked.wait() == 0:
+    os.environ["XLA_FLAGS"] = f"{_flags} {_ours}".strip()
 
 
 @pytest.fixture(autouse=True, scope="module")
