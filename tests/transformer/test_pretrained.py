@@ -2,6 +2,8 @@
 a folder and loaded through the user's path, checked against the model's own
 `output_attentions=True` maps and closed forms on them; nothing is downloaded."""
 
+import importlib
+import importlib.util
 import json
 import os
 
@@ -9,14 +11,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub reads it on import
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from polarize.cli import main
+from polarize.transformer import _pretrained
 
-from polarize.cli import main  # noqa: E402
-from polarize.transformer import _pretrained  # noqa: E402
+os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub reads it on import
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+    reason="needs the llm extra (torch, transformers)",
+)
+# imported by this file's first test, not at collection: each xdist worker collects every
+# file, and the two imports took 2-3 s in each (benchmarks/NOTES.md)
+torch = transformers = None
 
 VOCAB, T = 100, 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def libraries():
+    global torch, transformers
+    torch = importlib.import_module("torch")
+    transformers = importlib.import_module("transformers")
 
 
 @pytest.fixture(autouse=True)
