@@ -68,6 +68,11 @@ os.environ.setdefault("POLARIZE_THREADS", "1")
 
 import pytest  # noqa: E402
 
+try:  # pytest's key for the number of its end-of-session collections (see pytest_configure)
+    from _pytest.unraisableexception import gc_collect_iterations_key as _UNRAISABLE_GC  # noqa: E402
+except ImportError:
+    _UNRAISABLE_GC = None
+
 from polarize.solve._devices import release_programs_if_crowded  # noqa: E402
 
 # the answer before any JAX backend starts here or in a worker (none has: only imports ran)
@@ -123,6 +128,15 @@ def _end_worker():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def pytest_configure(config):
+    # pytest (9.2) runs a full collection twice at a session's end, to report unraisable
+    # exceptions of objects freed then: about 1.5 s each over a worker's heap of JAX's
+    # programs, while the controller waits; a worker then ends by `os._exit`, which frees
+    # nothing anyway. Exceptions raised while a test runs are reported as before.
+    if os.environ.get("PYTEST_XDIST_WORKER") and _UNRAISABLE_GC is not None:
+        config.stash[_UNRAISABLE_GC] = 0
 
 
 def pytest_unconfigure(config):
