@@ -67,6 +67,22 @@ def test_descents_that_differ_only_in_lr_share_one_program(compiles):
         np.testing.assert_allclose(traj.a[i, -1], theta[1], rtol=1e-10, atol=1e-13)
 
 
+def test_a_first_descent_compiles_its_solve_and_one_finishing_program(compiles):
+    """The saved times, the divergence check and the statuses after the solve are one
+    program, not one per operation (ten small compiles on a first call before); the
+    hitting times' too. Shapes no other test uses, so that nothing is compiled already."""
+    model = pz.init_ensemble(5, 7, tokens=9, dim=3, v_scale=0.5, a_scale=0.3)
+    obj = pz.random_direction(2, 3)
+    (traj, times), compiled = compiles.counting(
+        pz.descend_with_hitting_times, model, obj, 0.4, steps=50, levels=(0.6,), loss_fraction=None
+    )
+    solves = [name for name in compiled if "_descend" in name]
+    assert len(solves) == 1 and len(compiled) <= 3, compiled
+    np.testing.assert_array_equal(traj.status, pz.status.OK)
+    np.testing.assert_allclose(traj.ts, 0.4 * np.asarray(traj.steps), rtol=0, atol=0)
+    assert np.all(np.isfinite(times["time_to_0.6"]) | np.isinf(times["time_to_0.6"]))
+
+
 @pytest.mark.parametrize("optimizer", [optax.sgd(0.05, momentum=0.9), optax.adam(0.01)])
 def test_momentum_and_adam_polarize_softmax(optimizer):
     model = pz.init_ensemble(0, 16, tokens=6, dim=6)
