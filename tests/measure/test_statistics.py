@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
+import polarize as pz
 from polarize.measure._statistics import top_singular_share
 
 
@@ -104,3 +105,25 @@ def test_a_failed_initializations_statistics_are_nan_not_polarized():
     assert summary.aggregates["n_failed"] == summary.aggregates["failed_max_steps_reached"] == 3
     # an ensemble that succeeded keeps its numbers
     assert np.all(np.isfinite(pz.summarize(good, obj).final["entropy"]))
+
+
+def test_a_first_summary_compiles_two_programs_and_its_flags_are_a_loop_over_pairs(compiles):
+    """`summarize`'s series and its order statistics are one program each in fixed blocks,
+    not one small program per operation (about 30 on a first call before). Shapes no other
+    test uses, so that nothing is compiled already; a(0) against u(0)'s order, so that
+    some initializations cross."""
+    obj = pz.random_direction(3, 5)
+    model = pz.init_ensemble(6, 9, tokens=3, dim=5, a_scale=0.5)
+    traj = pz.flow(model, obj, t1=1e4, n_save=24)
+    summary, compiled = compiles.counting(pz.summarize, traj, obj)
+    assert sorted(compiled) == ["jit(_order_by_block)", "jit(_series_by_block)"], compiled
+    u = np.einsum("itdk,d->itk", np.asarray(traj.V), np.asarray(obj.b))
+    a = np.asarray(traj.a)
+    crosses = lambda x: any(  # any two columns of x (times, tokens) swap order at some time
+        np.any((x[:, j] - x[:, k]) * (x[-1, j] - x[-1, k]) < 0) for j in range(3) for k in range(j)
+    )
+    loop = [not (crosses(u[i]) or crosses(a[i])) for i in range(9)]
+    np.testing.assert_array_equal(summary.final["order_preserved"], loop)
+    assert 0 < sum(loop) < 9, loop
+    winner = np.argmax(np.abs(np.asarray(traj.weights[:, -1])), axis=-1) == np.argmax(u[:, 0], axis=-1)
+    np.testing.assert_array_equal(summary.final["winner_is_argmax_u0"], winner)
