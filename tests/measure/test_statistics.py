@@ -127,3 +127,15 @@ def test_a_first_summary_compiles_two_programs_and_its_flags_are_a_loop_over_pai
     assert 0 < sum(loop) < 9, loop
     winner = np.argmax(np.abs(np.asarray(traj.weights[:, -1])), axis=-1) == np.argmax(u[:, 0], axis=-1)
     np.testing.assert_array_equal(summary.final["winner_is_argmax_u0"], winner)
+
+
+def test_final_entropy_is_one_program_and_numpys_entropy(compiles):
+    """A first `final_entropy` compiles one program (14 small ones op by op before), and
+    it is -sum p log p of p = |s| / sum |s| at the last saved time, by numpy."""
+    obj = pz.random_direction(3, 5)
+    traj = pz.flow(pz.init_ensemble(6, 11, tokens=3, dim=5, norm="sigmoid"), obj, t1=50.0, n_save=5)
+    H, compiled = compiles.counting(pz.final_entropy, traj)
+    assert compiled == ["jit(_entropy_at_last)"], compiled
+    s = np.abs(np.asarray(traj.weights)[:, -1])
+    p = s / s.sum(-1, keepdims=True)
+    np.testing.assert_allclose(H, -np.sum(p * np.log(p), -1), rtol=1e-13)
