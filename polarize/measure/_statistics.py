@@ -137,10 +137,10 @@ def order_statistics(
 @jax.jit
 @exact_matmuls
 def _order_by_block(path: ValuePath, a, weights, b, atol) -> dict[str, Array]:
-    """`_order_flags` of each initialization in the fixed-block program: one compile,
-    where vmapped operation by operation each of about 30 operations compiled a small
-    program of its own on a first `summarize` (1.5 s of its 2.9 s for the toy's 1000
-    inits), and the numbers of the blocks that `final_statistics` computes."""
+    """`_order_flags` of each initialization in the fixed-block program that
+    `final_statistics` uses: one compile, where vmapped operation by operation about 30
+    small programs were compiled on a first `summarize` (the toy's 1000 inits: 2.9-4.0 s
+    for the summary then, 1.8-2.5 s now)."""
     b = jnp.broadcast_to(b, a.shape[:1] + b.shape[-1:])
     return blockwise(lambda x: _order_flags(*x, atol=atol), (path, a, weights, b))
 
