@@ -277,11 +277,18 @@ def random_labels(key: PRNGKeyArray | int, n: int, dim: int) -> LogisticData:
     dim = check_positive("dim", dim, integer=True)
     kx, kw = split(_key(key))
     X = normal(kx, (n, dim))
-    y = jnp.where(X @ normal(kw, (dim,)) >= 0, 1.0, -1.0)
-    return LogisticData(X, y)
+    return LogisticData(X, _teacher_labels(X, normal(kw, (dim,))))
+
+
+@jax.jit
+def _teacher_labels(X, w):
+    """sign(<w, x>) of each row, +-1, as one program (op by op: four small compiles)."""
+    return jnp.where(X @ w >= 0, 1.0, -1.0)
 
 
 def peaked_distribution(key: PRNGKeyArray | int, dim: int, sharpness: float = 10.0) -> CrossEntropy:
     """CrossEntropy with the paper's target p = softmax(sharpness * U[0, 1])."""
     dim = check_positive("dim", dim, integer=True)
+    # op by op, as sweeps store it: fused into one program, the softmax rounds otherwise
+    # in the last bit (benchmarks/NOTES.md)
     return CrossEntropy(jax.nn.softmax(sharpness * jax.random.uniform(as_key(key), (dim,))))

@@ -125,3 +125,23 @@ def test_conditioned_regression_has_its_condition_number_by_either_svd(n, dim, m
     np.testing.assert_allclose(s, np.linspace(1.0, 1.0 / 7.0, min(n, dim)), rtol=1e-13)
     # the curvature 2 sigma_max^2 by the same route (a thin SVD of X^T past the cut-off)
     np.testing.assert_allclose(float(transposed.curvature()), 2 * s[0] ** 2, rtol=1e-13)
+
+
+def test_random_labels_are_a_teachers_signs_in_one_program(compiles):
+    """The labels y = sign(<w, x>) are one program, not three small ones op by op (a shape
+    no other test draws), and a separating direction exists: the data are linearly
+    separable through the origin, which labels by any other rule would not be."""
+    data, compiled = compiles.counting(pz.random_labels, 3, 37, 5)
+    assert "jit(_teacher_labels)" in compiled, compiled
+    assert not {"jit(matmul)", "jit(greater_equal)", "jit(_where)"} & set(compiled), compiled
+    X, y = np.asarray(data.X), np.asarray(data.y)
+    assert set(np.unique(y)) == {-1.0, 1.0}
+    # the teacher w separates: a hard-margin problem on (X, y) is feasible, so the
+    # perceptron converges (it cycles forever on labels that no w through 0 separates)
+    w = np.zeros(5)
+    for _ in range(10_000):
+        wrong = np.flatnonzero(y * (X @ w) <= 0)
+        if wrong.size == 0:
+            break
+        w += y[wrong[0]] * X[wrong[0]]
+    assert np.all(y * (X @ w) > 0)
