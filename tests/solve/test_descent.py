@@ -76,8 +76,9 @@ def test_a_first_descent_compiles_its_solve_and_one_finishing_program(compiles):
     (traj, times), compiled = compiles.counting(
         pz.descend_with_hitting_times, model, obj, 0.4, steps=50, levels=(0.6,), loss_fraction=None
     )
-    solves = [name for name in compiled if "_descend" in name]
-    assert len(solves) == 1 and len(compiled) <= 3, compiled
+    # (`jit(stage)`: the learning rate made a device scalar, one program per process)
+    programs = sorted(name for name in compiled if name != "jit(stage)")
+    assert programs == ["jit(_descend)", "jit(_hitting_times)", "jit(_times_and_status)"], compiled
     np.testing.assert_array_equal(traj.status, pz.status.OK)
     np.testing.assert_allclose(traj.ts, 0.4 * np.asarray(traj.steps), rtol=0, atol=0)
     assert np.all(np.isfinite(times["time_to_0.6"]) | np.isinf(times["time_to_0.6"]))
