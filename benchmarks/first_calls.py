@@ -82,13 +82,21 @@ def main() -> None:
     parser.add_argument("--ref", help="a git commit to measure beside this tree")
     parser.add_argument("--quick", action="store_true", help="one run; RESULTS.md untouched")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be a positive number of runs; got {args.repeats}")
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as tmp:
         ref = None
         if args.ref:
             ref = Path(tmp) / "ref"
             git = ["git", "-C", str(ROOT), "worktree"]
-            subprocess.run([*git, "add", "-q", "--detach", str(ref), args.ref], check=True)
+            added = subprocess.run(
+                [*git, "add", "-q", "--detach", str(ref), args.ref], capture_output=True, text=True
+            )
+            if added.returncode != 0:
+                raise SystemExit(
+                    f"--ref {args.ref!r}: not a commit of this repository ({added.stderr.strip()})"
+                )
         try:
             runs = {"this tree": [], args.ref: []} if ref else {"this tree": []}
             for _ in range(repeats):  # alternating: a shared machine's speed drifts
