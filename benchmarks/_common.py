@@ -60,12 +60,15 @@ def machine() -> str:
 
     cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        lines = []
+    info = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    if info.get("model name"):
+        # the name alone does not tell this project's AMD machines apart (Zen 3, 4 and 5)
+        isa = "AVX-512" if "avx512f" in info.get("flags", "").split() else "no AVX-512"
+        family, model = info.get("cpu family", "?"), info.get("model", "?")
+        cpu = f"{info['model name']} (family {family}, model {model}, {isa})"
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     versions = (
         f"python {platform.python_version()}, jax {jax.__version__}, diffrax {diffrax.__version__}, "

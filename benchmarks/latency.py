@@ -182,7 +182,7 @@ def main() -> None:
         target, ratio = TARGETS.get(name), timed.ratio(name)
         met = "" if target is None else ("yes" if ratio <= target else "no")
         limit = "" if target is None else f"<= {target:g}"
-        rows.append([name, fmt(timed.wall(name)), fmt(ratio, 2), limit, met])
+        rows.append([name, fmt(timed.wall(name)), f"{ratio:.2f}", limit, met])
     rows.append(
         [
             "notebook's second flow, new data (s, not x FLOOR)",
