@@ -125,6 +125,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
     parser.add_argument("--quick", action="store_true", help="one run each; RESULTS.md untouched")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be a positive number of runs; got {args.repeats}")
     repeats = 1 if args.quick else args.repeats
     base = {**os.environ, "JAX_PLATFORMS": "cpu", "POLARIZE_NO_CACHE": ""}
     rows, timed = [], Paired(base)

@@ -85,3 +85,17 @@ def test_hand_written_floor_solves_the_same_flow():
     # polarized (one logit ahead by far), so a loop that did not integrate would fail above
     assert np.min(np.max(a, axis=1) - np.median(a, axis=1)) > 1.0
     assert steps == float(np.mean(np.asarray(traj.steps))) and iterations >= steps
+
+
+@pytest.mark.parametrize("script", ["latency.py", "first_calls.py"])
+def test_a_bad_repeats_is_one_line_not_a_traceback(script):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--repeats", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "--repeats must be a positive number of runs; got 0" in out.stderr.splitlines()[-1]
