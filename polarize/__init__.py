@@ -74,6 +74,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "descend",
             "descend_with_hitting_times",
             "descent_hitting_times",
+            "enable_compilation_cache",
             "flow",
             "flow_with_hitting_times",
             "hitting_times",

@@ -13,6 +13,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submodules=[],
     submod_attrs={
         "_descent": ["descend", "descend_with_hitting_times", "descent_hitting_times"],
+        "_devices": ["enable_compilation_cache"],
         "_flow": ["flow", "modified_flow"],
         "_hitting": ["flow_with_hitting_times", "hitting_times"],
         "_options": ["SolveOptions"],

@@ -10,7 +10,8 @@
   (`multihost_utils.sync_global_devices`) lets process 0 assemble the results.
 - Compilation cache: the CLI keeps compiled programs in a persistent cache
   (`cache_dir()`: XLA's compiled code and a sweep's traced programs), so repeated calls
-  skip recompilation.
+  skip recompilation; `enable_compilation_cache` (public as `pz.enable_compilation_cache`)
+  turns it on, for a notebook or a script too.
 - Compiled programs in memory: `release_programs_if_crowded` drops JAX's in-memory
   programs before a process runs out of memory maps (Linux's per-process limit).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 import equinox as eqx
 import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh, PartitionSpec
 
 from ..core._batching import partition_inits
@@ -147,21 +149,39 @@ def cache_dir() -> Path | None:
     return Path(os.environ.get("POLARIZE_CACHE_DIR", Path.home() / ".cache" / "polarize"))
 
 
-def enable_compilation_cache() -> Path | None:
-    """Turn on JAX's persistent compilation cache in `cache_dir()` (if not disabled), for
-    every program however quick its compile; returns that folder."""
-    path = cache_dir()
-    if path is None:
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
+    """Keep what JAX compiles in a folder on disk, so that a later process (a new notebook
+    kernel, the next script, the `polarize` command) loads each program of the same shapes
+    and settings instead of compiling it again. Returns the folder, or None where the
+    default folder is turned off (`POLARIZE_NO_CACHE`; nothing is changed then).
+
+    `path`: the folder, created if missing; by default the CLI's, `$POLARIZE_CACHE_DIR` or
+    `~/.cache/polarize`. Inside it, `jax/` is JAX's own persistent compilation cache, here
+    for every program however quick its compile, and `programs/` the traced programs of
+    sweeps run in this process (`runs/_programs.py`). Process-wide, like JAX's setting it
+    turns on; a call with another folder moves the cache there. The numbers are the same
+    with the cache or without (on a CPU; tests/solve/test_compilation_cache.py)."""
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise PolarizeError(f"`path` must be a folder's path (a str or a path) or None; got {path!r}")
+    root = cache_dir() if path is None else Path(path)
+    if root is None:
         return None
-    (path / "jax").mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path / "jax"))
+    root = root.absolute()  # a later change of the working folder does not move it
+    try:
+        (root / "jax").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PolarizeError(f"`path` must be a folder that can be created: {root} ({e.strerror})") from None
+    folder, before = str(root / "jax"), jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", folder)
     # every program, the ~40 small ones too (argument checks, key derivation, the draws'
     # scaling, run op by op: 10-70 ms each to compile, ~1 s per process together)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if before not in (None, folder):  # JAX opens its cache once: reopen it in the new folder
+        compilation_cache.reset_cache()
     global _cache_root
-    _cache_root = path
-    return path
+    _cache_root = root
+    return root
 
 
 _cache_root: Path | None = None
