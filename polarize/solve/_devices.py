@@ -17,7 +17,9 @@
 """
 
 import functools
+import hashlib
 import os
+import platform
 import threading
 from pathlib import Path
 
@@ -156,28 +158,30 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     default folder is turned off (`POLARIZE_NO_CACHE`; nothing is changed then).
 
     `path`: the folder, created if missing; by default the CLI's, `$POLARIZE_CACHE_DIR` or
-    `~/.cache/polarize`. Inside it, `jax/` is JAX's own persistent compilation cache, here
-    for every program however quick its compile, and `programs/` the traced programs of
-    sweeps run in this process (`runs/_programs.py`). Process-wide, like JAX's setting it
-    turns on; a call with another folder moves the cache there. The numbers are the same
-    with the cache or without (on a CPU; tests/solve/test_compilation_cache.py)."""
+    `~/.cache/polarize`. Inside it, `jax/` holds JAX's own persistent compilation cache,
+    here for every program however quick its compile, in one subfolder per kind of CPU
+    (`host_cpu`), and `programs/` the traced programs of sweeps run in this process
+    (`runs/_programs.py`), which do not depend on the CPU. Process-wide, like JAX's setting
+    it turns on; a call with another folder moves the cache there. The numbers are the
+    same with the cache or without (on a CPU; tests/solve/test_compilation_cache.py)."""
     if path is not None and not isinstance(path, str | os.PathLike):
         raise PolarizeError(f"`path` must be a folder's path (a str or a path) or None; got {path!r}")
     root = cache_dir() if path is None else Path(path)
     if root is None:
         return None
     root = root.absolute()  # a later change of the working folder does not move it
+    folder = root / "jax" / host_cpu()
     try:
-        (root / "jax").mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PolarizeError(f"`path` must be a folder that can be created: {root} ({e.strerror})") from None
-    folder, before = str(root / "jax"), jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", folder)
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(folder))
     # every program, the ~40 small ones too (argument checks, key derivation, the draws'
     # scaling, run op by op: 10-70 ms each to compile, ~1 s per process together)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if before not in (None, folder):  # JAX opens its cache once: reopen it in the new folder
+    if before not in (None, str(folder)):  # JAX opens its cache once: reopen it in the new folder
         compilation_cache.reset_cache()
     global _cache_root
     _cache_root = root
@@ -185,13 +189,43 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
 
 
 _cache_root: Path | None = None
+#: what /proc/cpuinfo says of a CPU's kind: x86's vendor, family, model and flags (a virtual
+#: machine's model name may be only "AMD EPYC"), Arm's implementer, part and features
+CPU_FIELDS = (
+    "vendor_id",
+    "cpu family",
+    "model",
+    "model name",
+    "flags",
+    "CPU implementer",
+    "CPU part",
+    "Features",
+)
+
+
+@functools.cache
+def host_cpu() -> str:
+    """This machine's kind of CPU, as a folder name: its architecture and a digest of its
+    model and instruction-set flags (Linux's /proc/cpuinfo; elsewhere what `platform`
+    says). XLA compiles a CPU program for the instruction set of the CPU it runs on, and a
+    compiled program stored on a machine with AVX-512 still loads on one without (XLA only
+    logs that it may end in SIGILL), so machines that share a home folder keep their
+    compiled programs apart."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            first = info.read().split("\n\n", 1)[0]  # the first processor's lines
+        fields = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
+        ident = "|".join(fields.get(k, "") for k in CPU_FIELDS)
+    except OSError:
+        ident = platform.processor()
+    return f"{platform.machine() or 'cpu'}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
 def stored_programs_dir() -> Path | None:
     """Where a sweep's traced programs are kept: `programs/` of the folder that
     `enable_compilation_cache` turned on, while JAX's compilation cache is still there;
     None otherwise (a notebook, `POLARIZE_NO_CACHE`)."""
-    if _cache_root is None or jax.config.jax_compilation_cache_dir != str(_cache_root / "jax"):
+    if _cache_root is None or jax.config.jax_compilation_cache_dir != str(_cache_root / "jax" / host_cpu()):
         return None
     return _cache_root / "programs"
 

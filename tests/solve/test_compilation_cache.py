@@ -4,6 +4,7 @@ own setting), so everything that turns it on runs in a subprocess."""
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import jax
 import pytest
 
 import polarize as pz
+from polarize.solve._devices import host_cpu
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
 
@@ -48,9 +50,29 @@ def test_a_later_process_loads_every_program_and_gets_the_same_numbers(tmp_path)
     # compiled none of them
     assert first["cache_misses"] >= 3 and "cache_hits" not in first
     assert second["cache_hits"] == first["cache_misses"] and "cache_misses" not in second
-    assert len(list((folder / "jax").iterdir())) == first["cache_misses"]
+    assert len(list((folder / "jax").rglob("*-cache"))) == first["cache_misses"]
     assert "cache_hits" not in uncached and "cache_misses" not in uncached
     assert first["digest"] == second["digest"] == uncached["digest"]
+
+
+def test_another_kind_of_cpu_compiles_its_own_programs(tmp_path):
+    # a program compiled for this CPU's instruction set would still load on a CPU without
+    # it (XLA only logs that it may end in SIGILL): machines that share the folder, a home
+    # on a cluster, each keep their own
+    folder = tmp_path / "cache"
+    here = run(FLOW, str(folder))
+    other = "import polarize.solve._devices as d; d.host_cpu = lambda: 'x86_64-another'\n"
+    there = run(other + FLOW, str(folder))
+    assert "cache_hits" not in there and there["cache_misses"] == here["cache_misses"]
+    kinds = sorted(p.name for p in (folder / "jax").iterdir())
+    assert kinds == sorted([host_cpu(), "x86_64-another"]) and host_cpu() != "x86_64-another"
+    assert there["digest"] == here["digest"]
+
+
+def test_host_cpu_names_this_machines_kind():
+    # the same name on every call, and one that says the architecture
+    name = host_cpu()
+    assert name == host_cpu.__wrapped__() and name.startswith(f"{platform.machine()}-") and len(name) > 13
 
 
 def test_a_second_folder_moves_the_cache(tmp_path):
@@ -65,7 +87,7 @@ def test_a_second_folder_moves_the_cache(tmp_path):
         "print('{}')\n"
     )
     run(code, str(tmp_path / "a"), str(tmp_path / "b"))
-    names = {d: sorted(p.name.split("-")[0] for p in (tmp_path / d / "jax").iterdir()) for d in "ab"}
+    names = {d: sorted(p.name.split("-")[0] for p in (tmp_path / d / "jax").rglob("*-cache")) for d in "ab"}
     assert "jit_sin" in names["a"] and "jit_cos" not in names["a"]
     assert "jit_cos" in names["b"] and "jit_sin" not in names["b"]
 
