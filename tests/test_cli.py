@@ -287,6 +287,18 @@ def test_the_cli_cache_keeps_programs_however_quick_their_compile(tmp_path):
     assert len(list((tmp_path / "cache" / "jax").rglob("*-cache"))) >= 2
 
 
+def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path, capsys, monkeypatch):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    monkeypatch.setenv("POLARIZE_NO_CACHE", "")
+    monkeypatch.setenv("POLARIZE_CACHE_DIR", str(taken))
+    assert main(["sweep", *SMALL, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("polarize: error: `POLARIZE_CACHE_DIR`")
+    assert "a-file" in err and "POLARIZE_NO_CACHE=1 turns the cache off" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_cli_starts_without_the_transformer_labs_imports():
     # the lab (matplotlib, its training code) loads on first use, not at every start
     code = (

@@ -174,7 +174,11 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise PolarizeError(f"`path` must be a folder that can be created: {root} ({e.strerror})") from None
+        named = "`path`" if path is not None else "`POLARIZE_CACHE_DIR` (or the default, ~/.cache/polarize)"
+        off = "" if path is not None else "; POLARIZE_NO_CACHE=1 turns the cache off"
+        raise PolarizeError(
+            f"{named} must be a folder that can be created: {root} ({e.strerror}){off}"
+        ) from None
     before = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(folder))
     # every program, the ~40 small ones too (argument checks, key derivation, the draws'
