@@ -58,6 +58,7 @@ print("SECOND", time.perf_counter() - first)
 NOTEBOOK_CACHED = NOTEBOOK.replace(
     "import polarize as pz\n", "import polarize as pz\npz.enable_compilation_cache(sys.argv[1])\n"
 )
+assert NOTEBOOK_CACHED != NOTEBOOK, "the notebook no longer imports polarize as the cached row expects"
 STUDY = """name = "latency"
 [base]
 objective = "square"

@@ -217,11 +217,21 @@ def host_cpu() -> str:
     compiled programs apart."""
     try:
         with open("/proc/cpuinfo") as info:
-            first = info.read().split("\n\n", 1)[0]  # the first processor's lines
+            return cpu_kind(info.read())
+    except OSError:
+        return cpu_kind(None)
+
+
+def cpu_kind(cpuinfo: str | None) -> str:
+    """`host_cpu`'s name from the text of /proc/cpuinfo (None: what `platform` says): only
+    the fields of `CPU_FIELDS` of its first processor, not those that change from one
+    reading to the next (its clock, `cpu MHz`)."""
+    if cpuinfo is None:
+        ident = platform.processor()
+    else:
+        first = cpuinfo.split("\n\n", 1)[0]  # the first processor's lines
         fields = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
         ident = "|".join(fields.get(k, "") for k in CPU_FIELDS)
-    except OSError:
-        ident = platform.processor()
     return f"{platform.machine() or 'cpu'}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 import polarize as pz
-from polarize.solve._devices import host_cpu
+from polarize.solve._devices import cpu_kind, host_cpu
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
 
@@ -73,6 +73,25 @@ def test_host_cpu_names_this_machines_kind():
     # the same name on every call, and one that says the architecture
     name = host_cpu()
     assert name == host_cpu.__wrapped__() and name.startswith(f"{platform.machine()}-") and len(name) > 13
+    # what tells two kinds apart is the CPU's model and instruction set, not its clock: two
+    # readings of one machine differ in `cpu MHz`; a Zen 3 and a Zen 5 virtual machine
+    # both say "AMD EPYC" and differ in family, model and AVX-512
+    zen5 = CPUINFO.format(family=26, model=2, mhz="2595.124", flags="avx2 avx512f")
+    assert cpu_kind(zen5) == cpu_kind(CPUINFO.format(family=26, model=2, mhz="3100.5", flags="avx2 avx512f"))
+    assert cpu_kind(zen5) != cpu_kind(CPUINFO.format(family=25, model=1, mhz="2595.124", flags="avx2"))
+    assert cpu_kind(zen5) != cpu_kind(CPUINFO.format(family=26, model=2, mhz="2595.124", flags="avx2"))
+    # only the first processor's lines count (a second one's clock differs too)
+    assert cpu_kind(zen5) == cpu_kind(zen5 + "\n" + CPUINFO.format(family=26, model=2, mhz="1.0", flags="x"))
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: {family}
+model\t\t: {model}
+model name\t: AMD EPYC
+cpu MHz\t\t: {mhz}
+flags\t\t: fpu sse2 {flags}
+"""
 
 
 def test_a_second_folder_moves_the_cache(tmp_path):
