@@ -14,7 +14,6 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._errors import PolarizeError, check_positive
-from ._host_draws import host_drawable, host_normals, seed_or_key
 from ._normalizations import AbstractNormalization, Softmax, normalization
 from ._refuse import refuse_if
 
@@ -204,11 +203,7 @@ def init_ensemble(
     dim = check_positive("dim", dim, integer=True)
     dtype = jnp.dtype(dtype or jnp.result_type(float))
     start = first_index(start, n)  # traced: one compiled draw for every chunk
-    # an int seed's key data is made on the host: `jax.random.key(seed)` compiles a program
-    # (0.065 s of a notebook's first `init_ensemble`) to give the same two numbers
-    data = seed_or_key(key)
-    key = data if isinstance(data, np.ndarray) else as_key(key)
-    V, a = standard_normals(key, start, n=n, shape=(dim, tokens), dtype=dtype)
+    V, a = standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
     return scaled_ensemble(V, a, v_scale=v_scale, a_scale=a_scale, a_offset=a_offset, norm=norm)
 
 
@@ -237,21 +232,11 @@ def _on_cpu(x) -> bool:
     return not isinstance(x, jax.core.Tracer) and all(d.platform == "cpu" for d in x.devices())
 
 
+@functools.partial(jax.jit, static_argnames=("n", "shape", "dtype"))
 def standard_normals(key, start, *, n, shape, dtype):
     """The N(0, 1) draws of initializations start .. start + n - 1: (V of shape (n, *shape),
-    a of shape (n, *shape[1:])), initialization i from the keys split off fold_in(key, i)
-    (`key` a JAX key, or the uint32 data of a Threefry one).
-    A few initializations on the CPU are hashed on the host (`_host_draws`: the same bits,
-    without the 0.7 s compile of the jitted draw); the rest are one program."""
-    if host_drawable(key, start, n, shape, dtype):
-        return host_normals(key, start, n=n, shape=shape, dtype=dtype)
-    return _jitted_normals(as_key(key), start, n=n, shape=shape, dtype=dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("n", "shape", "dtype"))
-def _jitted_normals(key, start, *, n, shape, dtype):
-    """`standard_normals` as one program (drawn op by op they cost ~5 ms per 1024
-    initializations)."""
+    a of shape (n, *shape[1:])), initialization i from the keys split off fold_in(key, i).
+    One program (drawn op by op they cost ~5 ms per 1024 initializations)."""
 
     def one(k):
         kv, ka = jax.random.split(k)

@@ -10,11 +10,9 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._errors import PolarizeError, check_positive
-from ._host_draws import normal, seed_or_key, split
 from ._models import as_key, finite
 from ._refuse import refuse_if
 
@@ -230,13 +228,7 @@ def _check_data_shapes(X, y) -> None:
 def random_direction(key: PRNGKeyArray | int, dim: int) -> LogisticDirection:
     """LogisticDirection along b ~ N(0, I_dim) / |.|."""
     dim = check_positive("dim", dim, integer=True)
-    return LogisticDirection(normal(_key(key), (dim,)))
-
-
-def _key(key):
-    """An int seed as key data (drawn on the host where that is cheaper), a key as a key."""
-    key = seed_or_key(key)
-    return key if isinstance(key, np.ndarray) else as_key(key)
+    return LogisticDirection(jax.random.normal(as_key(key), (dim,)))
 
 
 def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: float) -> Square:
@@ -250,14 +242,13 @@ def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: flo
     kappa = check_positive("kappa", kappa)
     if kappa < 1:
         raise PolarizeError(f"`kappa` must be >= 1 (a condition number); got {kappa!r}")
-    return Square(*regression_data(_key(key), n, dim, kappa))
+    return Square(*regression_data(as_key(key), n, dim, kappa))
 
 
 def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, Array]:
-    """(X, y) of `conditioned_regression`, unchecked: op by op there, one program where a
-    sweep stores it (`runs._build`; kappa traced or not, the same bits)."""
-    kg, ky = split(key)
-    G = normal(kg, (n, dim))
+    """(X, y) of `conditioned_regression`, unchecked."""
+    kg, ky = jax.random.split(key)
+    G = jax.random.normal(kg, (n, dim))
     if n > max(dim, SVD_TALL_ROWS):
         # from G^T = W diag U^T (`SVD_TALL_ROWS`): X = U diag(sv) W^T is the same matrix to
         # rounding (a singular pair's common sign flip cancels in it)
@@ -267,7 +258,7 @@ def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, 
         U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
     sv = jnp.linspace(1.0, 1.0 / kappa, min(n, dim))
     X = (U * sv[None, :]) @ Wt
-    y = normal(ky, (n,))
+    y = jax.random.normal(ky, (n,))
     return X, y
 
 
@@ -275,9 +266,9 @@ def random_labels(key: PRNGKeyArray | int, n: int, dim: int) -> LogisticData:
     """LogisticData with Gaussian inputs labelled by a random teacher: y = sign(<w, x>)."""
     n = check_positive("n", n, integer=True)
     dim = check_positive("dim", dim, integer=True)
-    kx, kw = split(_key(key))
-    X = normal(kx, (n, dim))
-    return LogisticData(X, _teacher_labels(X, normal(kw, (dim,))))
+    kx, kw = jax.random.split(as_key(key))
+    X = jax.random.normal(kx, (n, dim))
+    return LogisticData(X, _teacher_labels(X, jax.random.normal(kw, (dim,))))
 
 
 @jax.jit
@@ -289,6 +280,5 @@ def _teacher_labels(X, w):
 def peaked_distribution(key: PRNGKeyArray | int, dim: int, sharpness: float = 10.0) -> CrossEntropy:
     """CrossEntropy with the paper's target p = softmax(sharpness * U[0, 1])."""
     dim = check_positive("dim", dim, integer=True)
-    # op by op, as sweeps store it: fused into one program, the softmax rounds otherwise
-    # in the last bit (benchmarks/NOTES.md)
+    # op by op: fused into one program, the softmax rounds otherwise in the last bit
     return CrossEntropy(jax.nn.softmax(sharpness * jax.random.uniform(as_key(key), (dim,))))

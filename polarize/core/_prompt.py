@@ -16,11 +16,9 @@ from typing import ClassVar, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._errors import PolarizeError, check_choice, check_positive
-from ._host_draws import _as_jax_key, host_normals_per_init, normal, per_init_drawable, seed_or_key, split
 from ._models import AbstractModel, as_key, finite, first_index, init_keys
 from ._normalizations import AbstractNormalization, Softmax, normalization
 from ._objectives import AbstractObjective
@@ -170,12 +168,10 @@ def prompt_task(key: PRNGKeyArray | int, samples: int, tokens: int, dim: int) ->
     samples = check_positive("samples", samples, integer=True)
     tokens = check_positive("tokens", tokens, integer=True)
     dim = check_positive("dim", dim, integer=True)
-    # split and normals hashed on the host where that gives jax.random's bits (`_host_draws`)
-    data = seed_or_key(key)
-    kx, ky, kv = split(data if isinstance(data, np.ndarray) else as_key(key), 3)
-    X = normal(kx, (samples, tokens, dim))
-    y = jnp.where(jax.random.bernoulli(_as_jax_key(ky), 0.5, (samples,)), 1.0, -1.0)
-    return X, y, normal(kv, (dim,))
+    kx, ky, kv = jax.random.split(as_key(key), 3)
+    X = jax.random.normal(kx, (samples, tokens, dim))
+    y = jnp.where(jax.random.bernoulli(ky, 0.5, (samples,)), 1.0, -1.0)
+    return X, y, jax.random.normal(kv, (dim,))
 
 
 def init_prompts(
@@ -200,10 +196,7 @@ def init_prompts(
     dim = X.shape[-1]
     n = check_positive("n", n, integer=True)
     first_index(start, n)  # checked
-    if per_init_drawable(key, start, n, (2, dim), X.dtype):  # the same bits, hashed on the host
-        draw = host_normals_per_init(seed_or_key(key), start, n=n, shape=(2, dim), dtype=X.dtype)
-    else:
-        draw = jax.vmap(lambda k: jax.random.normal(k, (2, dim), X.dtype))(init_keys(key, n, start))
+    draw = jax.vmap(lambda k: jax.random.normal(k, (2, dim), X.dtype))(init_keys(key, n, start))
     p = p_scale * draw[:, 0]
     vs = jnp.broadcast_to(v, (n, dim)) if v_scale is None else v_scale * draw[:, 1]
     return PromptAttention(vs, p, X, norm=norm, train=train)
