@@ -1,14 +1,14 @@
 """On a GPU, do a sweep's numbers depend on how its programs were compiled? One call, ~6 min.
 
 Run 4 (benchmarks/GPU.md) found a sweep's float64 measurements different with the CLI's
-compile cache (stored programs, XLA's persistent cache) and without it
-(POLARIZE_NO_CACHE=1) on an H100, while on CPU they are identical bit for bit. One of
-those sweeps (square to t1 = 1e4) has no stored program and runs the same traced code
-either way, so the question is XLA's GPU compile. This runs the two sweeps that differed
+compile cache (then stored exported programs and XLA's persistent cache; now XLA's
+persistent cache only) and without it (POLARIZE_NO_CACHE=1) on an H100, while on CPU
+they are identical bit for bit. One of those sweeps (square to t1 = 1e4) ran the same
+traced code either way, so the question is XLA's GPU compile. This runs the two sweeps that differed
 (same_numbers.py's `default` and `square`) in seven rounds of processes and compares them:
 
 - without the cache, twice: do two fresh compiles of one program give the same bits?
-- with an empty cache: the stored programs against the first;
+- with an empty cache: the cached compile against the first;
 - both again with XLA_FLAGS=--xla_gpu_deterministic_ops=true, and with autotuning off
   (--xla_gpu_autotune_level=0): XLA's notes on determinism name autotuning, which picks
   kernels by timing them, as what makes two compiles of one program differ.

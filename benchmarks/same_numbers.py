@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = {
     "default": ["--inits", "300"],
     "square": ["--objective", "square", "--tokens", "10", "--dim", "10", "--inits", "200", "--t1", "1e4"],
-    # a horizon short enough for Tsit5: the stored program is traced with the default's choice
+    # a horizon short enough for Tsit5: the default is decided on the concrete objective
     "square-short": [
         "--objective",
         "square",

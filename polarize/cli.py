@@ -11,19 +11,16 @@ in the job: `polarize --help` and a bad argument answer before JAX is loaded.
 """
 
 import argparse
-import atexit
 import dataclasses
 import gc
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 from .core._choices import NORMALIZATION_NAMES
 from .core._errors import PolarizeError
 from .runs._config import METHODS, MODELS, OBJECTIVES, PROMPT_OBJECTIVES, SOLVERS, TRAIN, SweepConfig
-from .runs._drawing import FigureProcess
 from .runs._folder import check_out, check_study_out, require_kind, stored_config
 from .runs._study_file import load_study
 from .transformer.cli import add_subcommands
@@ -136,29 +133,22 @@ def _sweep(args):
     if ignored:
         flags = ", ".join(f"--{name.replace('_', '-')} ({why})" for name, why in ignored)
         raise PolarizeError(f"option(s) that do not apply to this sweep: {flags}; leave them out")
-    # the figures' own Python loads matplotlib on another core while this one starts JAX
-    figures = None if args.distributed else FigureProcess()
-    return lambda: _run_sweep(args, config, out, figures)
+    return lambda: _run_sweep(args, config, out)
 
 
-def _run_sweep(args, config: SweepConfig, out: Path, figures: FigureProcess | None) -> int:
+def _run_sweep(args, config: SweepConfig, out: Path) -> int:
     from .runs import run_sweep
     from .runs._results import failed_too_many, failure_line, result_line
 
-    try:
-        summary = run_sweep(
-            config,
-            out,
-            overwrite=args.overwrite,
-            resume=args.resume is not None,
-            progress=not args.no_progress,
-            sample=args.sample,
-            force=args.force,
-            figures=True if figures is None else figures,
-        )
-    finally:
-        if figures is not None:
-            figures.close()
+    summary = run_sweep(
+        config,
+        out,
+        overwrite=args.overwrite,
+        resume=args.resume is not None,
+        progress=not args.no_progress,
+        sample=args.sample,
+        force=args.force,
+    )
     if not summary:  # a process other than 0: process 0 reports
         return 0
     print(result_line(config, summary))
@@ -220,24 +210,15 @@ def _study(args):
     study = load_study(args.file)
     out = args.out or Path("runs") / study.name
     check_study_out(out)
-    # its table and figure are written by a second Python, which loads pandas and
-    # matplotlib on another core while this one starts JAX and runs the cells
-    figures = None if args.distributed else FigureProcess(study=True)
-    return lambda: _run_study(args, study, out, figures)
+    return lambda: _run_study(args, study, out)
 
 
-def _run_study(args, study, out: Path, figures: FigureProcess | None) -> int:
+def _run_study(args, study, out: Path) -> int:
     import jax
 
     from .runs import run_study
 
-    try:
-        result = run_study(
-            study, out, progress=not args.no_progress, cell_figures=args.cell_figures, figures=figures
-        )
-    finally:
-        if figures is not None:
-            figures.close()
+    result = run_study(study, out, progress=not args.no_progress, cell_figures=args.cell_figures)
     if jax.process_index() != 0:
         return 0
     print(f"{result['cells']} cells; table: {out / 'study.csv'}; figure: {out / 'comparison.png'}")
@@ -325,12 +306,9 @@ FULL_COLLECTION_EVERY = 100
 
 
 def run() -> None:
-    """The `polarize` command: `main`, then the process ends once its output is flushed,
-    its other threads have finished and its exit handlers have run, without Python tearing
-    down JAX's runtime object by object (about 0.3 s of a warm default sweep's 3 s). Every
-    file a command writes is written (and synced) before `main` returns.
+    """The `polarize` command: `main`, with its exit status.
 
-    The process is the command's own, so it also sets Python's garbage collector for a
+    The process is the command's own, so it sets Python's garbage collector for a
     short run that allocates millions of objects and frees few (importing JAX, tracing a
     program): full collections of the oldest generation after 100 collections of the
     middle one instead of 10. Each full collection scans the whole heap for nothing here
@@ -338,14 +316,7 @@ def run() -> None:
     a command's garbage dies, are still collected as before."""
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
-    code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what a normal exit runs: JAX's own, logging's
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -187,18 +187,18 @@ def test_output_into_a_closed_pipe_ends_quietly_with_status_141(entry, flush):
 
 
 def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
-    # `run` ends the process without Python's teardown: only after main's files are complete
+    # `run` ends the process as Python does (its exit handlers run), with main's status
     import tomllib
 
     scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["polarize"] == "polarize.cli:run"
     out = tmp_path / "run"
     args = ["sweep", "--tokens", "3", "--dim", "2", "--inits", "8", "--t1", "100", "--out", str(out)]
-    # at exit the command says whether it loaded matplotlib: its figures' own Python draws
-    seen = "import atexit, sys; atexit.register(lambda: print('matplotlib' in sys.modules)); "
+    # at exit the command says that its exit handlers ran, and it drew its figures itself
+    seen = "import atexit, sys; atexit.register(lambda: print('exit', 'matplotlib' in sys.modules)); "
     proc = subprocess.run([sys.executable, "-c", seen + COMMAND, *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith(f"results: {out}\nFalse")
+    assert proc.stdout.strip().endswith(f"results: {out}\nexit True")
     run = pz.load(out)  # complete: every array, the summary and the figures
     assert run.summary["n_inits"] == 8 and len(run.arrays["ok"]) == 8
     assert {p.name for p in out.glob("*.png")} == {
@@ -209,8 +209,8 @@ def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     }
 
 
-def test_the_study_command_solves_without_loading_optax_pandas_or_matplotlib(tmp_path):
-    # its table and figure are written by the figure process; a flow needs no optax
+def test_the_study_command_writes_its_table_and_figure_without_loading_optax(tmp_path):
+    # pandas and matplotlib write the table and the figure in this process; a flow needs no optax
     spec = tmp_path / "two.toml"
     spec.write_text("[base]\ntokens = 3\ndim = 2\ninits = 8\nt1 = 100.0\n[grid]\nseed = [0, 1]\n")
     out = tmp_path / "study"
@@ -221,7 +221,8 @@ def test_the_study_command_solves_without_loading_optax_pandas_or_matplotlib(tmp
     args = ["study", str(spec), "--out", str(out), "--no-progress"]
     proc = subprocess.run([sys.executable, "-c", seen + COMMAND, *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("figure: " + str(out / "comparison.png") + "\n[]")
+    loaded = "\n['matplotlib', 'pandas']"
+    assert proc.stdout.strip().endswith("figure: " + str(out / "comparison.png") + loaded)
     result = pz.load(out)
     assert (
         list(result.table["cell"]) == ["seed=0", "seed=1"]
@@ -285,6 +286,26 @@ def test_the_cli_cache_keeps_programs_however_quick_their_compile(tmp_path):
     env = {"POLARIZE_CACHE_DIR": str(tmp_path / "cache"), "POLARIZE_NO_CACHE": "", "JAX_PLATFORMS": "cpu"}
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True)
     assert len(list((tmp_path / "cache" / "jax").rglob("*-cache"))) >= 2
+
+
+def test_the_command_as_users_run_it_cold_and_warm_gives_the_in_process_numbers(tmp_path):
+    # the `polarize` command with its compilation cache on (as users get it: the suite
+    # runs without), on an empty cache and again on the cache it filled, gives the numbers
+    # of the sweep run here without a cache, bit for bit
+    env = {**os.environ, "POLARIZE_CACHE_DIR": str(tmp_path / "cache"), "POLARIZE_NO_CACHE": ""}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    args = ["sweep", *SMALL, "--no-progress"]
+    for run in ("cold", "warm"):
+        command = [sys.executable, "-m", "polarize.cli", *args, "--out", str(tmp_path / run)]
+        subprocess.run(command, env=env, check=True, capture_output=True)
+    assert len(list((tmp_path / "cache" / "jax").rglob("*-cache"))) > 3
+    assert main([*args, "--out", str(tmp_path / "here")]) == 0
+    here = np.load(tmp_path / "here" / "per_init.npz")
+    for run in ("cold", "warm"):
+        there = np.load(tmp_path / run / "per_init.npz")
+        assert sorted(there.files) == sorted(here.files)
+        for k in here.files:
+            np.testing.assert_array_equal(there[k], here[k], err_msg=f"{run} {k}")
 
 
 def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path, capsys, monkeypatch):

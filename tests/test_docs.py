@@ -56,19 +56,15 @@ CACHE_SETTINGS = (
 def no_cache_after():
     """A page may turn on the compilation cache (docs/performance.md does), which is
     process-wide: put JAX's settings back after it, so that the worker's later tests run
-    without one, as the whole suite does (with a cache, in-process sweeps would take their
-    stored programs: another path)."""
+    without one, as the whole suite does."""
     from jax.experimental.compilation_cache import compilation_cache
 
-    from polarize.solve import _devices
-
-    before, root = {name: getattr(jax.config, name) for name in CACHE_SETTINGS}, _devices._cache_root
+    before = {name: getattr(jax.config, name) for name in CACHE_SETTINGS}
     yield
     if any(getattr(jax.config, name) != value for name, value in before.items()):
         for name, value in before.items():
             jax.config.update(name, value)
         compilation_cache.reset_cache()
-    _devices._cache_root = root
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])

@@ -14,8 +14,8 @@ from fold_in(fold_in(key(seed), 1), i), so every number is a function of
 This module imports no JAX: the CLI builds and validates a `SweepConfig` before JAX
 is loaded (`polarize --help` and every bad argument answer in a fraction of JAX's
 import time). The builders import the numerics on first use: `_build` (JAX), and
-`_numerics` (diffrax, optax) only for the solver and `SolveOptions`, so that a warm
-sweep that runs its stored program never loads those. The registries of builders are in
+`_numerics` (diffrax, optax) only for the solver and `SolveOptions`, so that reading
+a finished run never loads those. The registries of builders are in
 `_build` and `_numerics`, and hold exactly the names listed here.
 """
 

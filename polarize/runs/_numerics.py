@@ -5,13 +5,12 @@ method (the exact flow, or descent) and reduces each to what a sweep keeps (see
 `_sweep`'s module doc). This is the part of a sweep that needs diffrax, and optax for
 descent only (reached through `polarize.solve`'s lazy names, so a flow sweep never loads
 it: 0.1 s of a cold default sweep). The runner (`_sweep`) imports this module on first
-use, so that a warm sweep that runs its stored program (`_programs`) loads neither. Like
+use, so that reading a finished run loads neither. Like
 `_build`, it imports nothing of the config (`SweepConfig` imports it on first use for
 `build_solver` and `solve_options`).
 """
 
 import dataclasses
-import functools
 
 import diffrax
 import jax
@@ -51,34 +50,6 @@ def solve_options(config) -> SolveOptions:
     )
 
 
-def decide(config, model, objective) -> tuple | None:
-    """The (solver, clock) a flow sweep's stored `measure` is traced with, or None where
-    `measure` is not one program with no arithmetic after it (see `_sweep._stored_measure`):
-    `solve._flow.decided` on the concrete `objective` (traced, its curvature is unknown and
-    `flow`'s default would take the stiff method)."""
-    options = decided(model, objective, config.solve_options())
-    return (options.solver, options.clock) if crosses_in_loop(model, objective, options) else None
-
-
-def decision(config, model, objective) -> list[str] | None:
-    """`decide` as JSON: [the solver's class name, the clock], or None."""
-    method = decide(config, model, objective)
-    return None if method is None else _names(method)
-
-
-def _names(method: tuple) -> list[str]:
-    return [type(method[0]).__name__, method[1]]
-
-
-def stored_measure(config, decision: list[str], model, objective):
-    """fn(model, objective): `measure` of `config` with the method decided on these concrete
-    arrays, which must be the stored `decision` (`decision`), for a stored program to trace."""
-    method = decide(config, model, objective)
-    if method is None or _names(method) != decision:
-        raise RuntimeError(f"polarize: decided {method} for a program stored as {decision}")
-    return lambda m, o: measure(config, m, o, method=method)
-
-
 def solve(config, model, objective) -> Trajectory:
     """The trajectories of `model` (a batch of initializations) under the config's method."""
     return solve_with_times(config, model, objective)[0]
@@ -96,22 +67,21 @@ def solve_with_times(config, model, objective) -> tuple[Trajectory, dict | None]
     return descend(model, objective, config.lr, steps=config.steps, **levels, **saves)
 
 
-@functools.lru_cache(maxsize=16)
-def _solved(config, method: tuple | None = None):
-    """The per-device part of `measure` for `config`: one function object per config, so
-    the sharded program over several devices is compiled once, not once per chunk.
-    `method`: (solver, clock) decided beforehand (see `measure`)."""
-    # per-initialization fields only (descent's `steps` are the shared saved step indices)
-    fields = ("value_path", "a", "weights", "loss", "ok", "status") + (
-        ("steps",) if config.method == "flow" else ()
-    )
+@dataclasses.dataclass(frozen=True)
+class _Solved:
+    """The per-device part of `measure` for `config` (its `program()`): equal for equal
+    settings, so the sharded program over several devices is compiled once, not once per
+    chunk. `method`: (solver, clock) decided beforehand (see `measure`)."""
 
-    # model prompt keeps its trajectories: its token selection is measured on the host
-    reduce = _reducer(config) if config.model == "value" else None
+    config: object
+    method: tuple | None = None
 
-    def solved(model, objective):
+    def __call__(self, model, objective):
+        config = self.config
+        # model prompt keeps its trajectories: its token selection is measured on the host
+        reduce = _Reduce.of(config) if config.model == "value" else None
         if config.method == "flow":
-            options, names = _options(config, method), config.time_names()
+            options, names = _options(config, self.method), config.time_names()
             result, times = flow_and_crossings(model, objective, options, names, reduce=reduce)
             if times is not None and reduce is not None:  # reduced block by block: no trajectory stored
                 return {"reduced": result, "times": times}
@@ -122,40 +92,43 @@ def _solved(config, method: tuple | None = None):
             stats = weight_statistics(traj, keep=config.snapshot_index())
         else:
             stats = final_statistics(traj, objective, keep=config.snapshot_index(), atol=config.atol)
+        # per-initialization fields only (descent's `steps` are the shared saved step indices)
+        fields = ("value_path", "a", "weights", "loss", "ok", "status")
+        fields += ("steps",) if config.method == "flow" else ()
         return {"traj": {k: getattr(traj, k) for k in fields}, "stats": stats, "times": times}
 
-    return solved
 
-
-def _reducer(config):
+@dataclasses.dataclass(frozen=True)
+class _Reduce:
     """What a flow sweep keeps of ONE initialization's trajectory (`solve_flow`'s
     `reduce`): its final statistics, snapshots and logistic rate, as `measure` computes
-    them from stored trajectories."""
-    keep = tuple(int(k) for k in config.snapshot_index())
-    ts = tuple(float(t) for t in config.times())
-    return _reduce_of(keep, ts, float(config.horizon()), config.fits_rate(), float(config.atol))
+    them from stored trajectories. It is part of a compiled program's key, and equal for
+    equal values of what it reads: sweeps and study cells that differ only in settings it
+    does not read (their levels, say) share one traced program."""
 
+    keep: tuple
+    ts: tuple
+    t1: float
+    rate: bool
+    atol: float
 
-@functools.lru_cache(maxsize=16)
-def _reduce_of(keep: tuple, ts: tuple, t1: float, rate: bool, atol: float):
-    """`_reducer`'s function, one object per value of what it reads: the function is part
-    of a compiled program's key, so sweeps and study cells that differ only in settings
-    it does not read (their levels, say) share one traced program."""
-    times = np.asarray(ts)
+    @classmethod
+    def of(cls, config) -> "_Reduce":
+        keep = tuple(int(k) for k in config.snapshot_index())
+        ts = tuple(float(t) for t in config.times())
+        return cls(keep, ts, float(config.horizon()), config.fits_rate(), float(config.atol))
 
-    def reduce(path, a, weights, loss, ok, objective):
+    def __call__(self, path, a, weights, loss, ok, objective):
         flags = order_flags_apply(objective, path, a)
         b = objective.direction() if flags else jnp.zeros(1, a.dtype)
-        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=keep, atol=atol)
-        if rate:
-            fit = logistic_rate(times, jnp.max(distribution(weights), axis=-1), t1=t1)
+        out = final_of_one(path, a, weights, loss, ok, b, flags=flags, keep=self.keep, atol=self.atol)
+        if self.rate:
+            fit = logistic_rate(np.asarray(self.ts), jnp.max(distribution(weights), axis=-1), t1=self.t1)
             out.update({k: jnp.where(ok, v, jnp.nan) for k, v in fit.items()})
         return out
 
-    return reduce
 
-
-def measure(config, model, objective, *, devices=None, method: tuple | None = None) -> dict:
+def measure(config, model, objective, *, devices=None) -> dict:
     """Everything a sweep keeps per initialization, for a batch of them (see the module doc).
 
     The solves, hitting times and statistics are split over `devices`; the numbers do
@@ -163,21 +136,18 @@ def measure(config, model, objective, *, devices=None, method: tuple | None = No
     loop (the stiff default, implicit solvers) run on one device: their solves, and the
     root finding of their restarted hitting times, rounded differently inside
     `shard_map` (and an implicit solver's linear solve failed there). With several
-    devices the solver and clock are decided here, on the concrete objective. `method`
-    (solver, clock) replaces the config's solver and `flow`'s default clock: what
-    `solve._flow.decided` made of them for this sweep's concrete objective (a stored
-    program's trace cannot read its curvature).
+    devices the solver and clock are decided here, on the concrete objective.
     """
-    devices = tuple(devices or jax.local_devices())
+    devices, method = tuple(devices or jax.local_devices()), None
     if config.method == "flow" and len(devices) > 1:
         # decided here on the concrete objective: traced inside the devices' program its
         # curvature is unknown, and the default would take the stiff method at any horizon
-        options = decided(model, objective, _options(config, method))
+        options = decided(model, objective, config.solve_options())
         method = (options.solver, options.clock)
-        if not crosses_in_loop(model, objective, options):  # rounds otherwise in `shard_map`
+        if not crosses_in_loop(options):  # rounds otherwise in `shard_map`
             devices = devices[:1]
     block_size = config.resolved().block_size
-    out = over_devices(_solved(config.program(), method), model, objective, devices, block_size=block_size)
+    out = over_devices(_Solved(config.program(), method), model, objective, devices, block_size=block_size)
     if "reduced" in out:
         reduced = dict(out["reduced"])
         ok, status, steps = (reduced.pop(k) for k in ("ok", "status", "steps"))

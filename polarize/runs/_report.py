@@ -5,8 +5,7 @@ from pathlib import Path
 from ..figures._sweep import sweep_figures
 from ._folder import folder_kind
 from ._load import load
-from ._study import load_result
-from ._study_output import plot_study
+from ._study import load_result, plot_study
 
 
 def report(folder) -> list[Path]:

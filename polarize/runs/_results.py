@@ -24,12 +24,12 @@ import numpy as np
 
 from ..core import status
 from ..core._errors import PolarizeError
+from ..figures._sweep import sweep_figures
 from ..measure._selection import aggregate_selection
 from ..measure._statistics import aggregate
 from ._config import SweepConfig
-from ._drawing import FigureProcess, draw_here
 from ._folder import stored_config
-from ._storage import read_json, read_npz, write_json, write_npz, write_npz_streamed
+from ._storage import FigureArrays, read_json, read_npz, write_json, write_npz, write_npz_streamed
 
 
 def summary_of(config: SweepConfig, arrays: dict) -> dict:
@@ -96,7 +96,7 @@ def assemble(
     *,
     wall: float,
     sample: dict | None,
-    figures: bool | FigureProcess = True,
+    figures: bool = True,
     recomputed: dict | None = None,
 ) -> dict:
     """per_init.npz, series.npz, sample.npz and summary.json from a complete `gather`, then the figures.
@@ -107,8 +107,7 @@ def assemble(
     from their raw files into series.npz, so they are never whole in memory; the figures
     then read one series at a time. Figures that cannot be drawn (no finished
     initialization) are drawn empty with a note, never a crash; `figures=False` draws
-    none (a study's cells: `polarize report` draws them later), and a `FigureProcess`
-    has them drawn there. `recomputed` (chunk
+    none (a study's cells: `polarize report` draws them later). `recomputed` (chunk
     file -> why its stored copy was not used) goes to summary.json as it is.
     """
     n_chunks = -(-config.inits // config.chunk_size)
@@ -126,10 +125,8 @@ def assemble(
         write_npz(out / "sample.npz", sample)
     del arrays
     write_json(out / "summary.json", summary)
-    if isinstance(figures, FigureProcess):
-        figures.draw(config, out)
-    elif figures:
-        draw_here(config, out)
+    if figures:  # drawn from the files just written, as `polarize report` draws them
+        sweep_figures(FigureArrays(out), config, out)
     return summary
 
 

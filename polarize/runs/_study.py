@@ -33,7 +33,7 @@ study's summary.json; the other cells go on.
 import dataclasses
 import json
 import os
-import threading
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -42,14 +42,13 @@ from tqdm import tqdm
 
 from ..core._choices import cpu_threads
 from ..core._errors import PolarizeError
-from ..figures._pyplot import pyplot
+from ..figures._study import plot_study as draw_study
 from ..solve._devices import barrier, programs_crowded, release_programs_if_crowded
-from ._drawing import FigureProcess
+from ._config import SweepConfig
 from ._folder import FolderLock, check_study_out, make_folder, resumed_config, stored_config
 from ._results import Run, failed_too_many, failure_line, load_run
-from ._storage import read_json, write_json
+from ._storage import FigureArrays, read_json, write_json
 from ._study_file import Study, load_study
-from ._study_output import finish_study
 from ._sweep import piece_size, run_sweep
 
 
@@ -59,7 +58,6 @@ def run_study(
     *,
     progress: bool = False,
     cell_figures: bool = False,
-    figures: FigureProcess | None = None,
 ) -> dict:
     """Run (or continue) every cell under out/cells/, then write study.csv, summary.json, comparison.png.
 
@@ -67,9 +65,7 @@ def run_study(
     study's summary: {"cells", "failed_cells": {name: reason}}. A failing
     cell does not stop the others. Each cell's own four figures are drawn only with
     `cell_figures` (`polarize report OUT` draws them later from the stored results).
-    With a `FigureProcess` (started before JAX was imported), study.csv and
-    comparison.png are written by it (`_study_output`), and this process loads neither
-    pandas nor matplotlib.
+    study.csv and comparison.png are written once every cell's results are on disk.
     """
     if isinstance(study, (str, os.PathLike)):
         study = load_study(study)
@@ -89,14 +85,10 @@ def run_study(
         if jax.process_index() == 0:
             write_json(spec, study.to_dict())
         barrier("polarize-study-start")
-        return _run_cells(study, out, progress=progress, cell_figures=cell_figures, figures=figures)
+        return _run_cells(study, out, progress=progress, cell_figures=cell_figures)
 
 
-def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool, figures) -> dict:
-    if (
-        jax.process_index() == 0 and figures is None
-    ):  # the figure's matplotlib (~0.4 s) loads while the cells run
-        threading.Thread(target=pyplot).start()
+def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool) -> dict:
     errors, todo = {}, []
     for name, config in study.cells():
         if isinstance(config, PolarizeError):
@@ -115,20 +107,15 @@ def _run_cells(study: Study, out: Path, *, progress: bool, cell_figures: bool, f
     result = {"cells": len(study.settings()), "failed_cells": failed}
     if jax.process_index() == 0:
         write_json(out / "summary.json", result)
-        if figures is None:
-            finish_study(study, out, failed)
-        else:
-            figures.finish_study(study, out, failed)
+        finish_study(study, out, failed)
     return result
 
 
-def _run_cell(
-    name: str, config, cell: Path, *, progress: bool, cell_figures: bool, ready: threading.Event | None = None
-) -> str | None:
-    """Run (or resume) one cell's sweep: None, or why it failed. `ready`: see `run_sweep`."""
+def _run_cell(name: str, config, cell: Path, *, progress: bool, cell_figures: bool) -> str | None:
+    """Run (or resume) one cell's sweep: None, or why it failed."""
     try:
         resume = (cell / "config.json").exists()
-        run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures, ready=ready)
+        run_sweep(config, cell, resume=resume, progress=progress, figures=cell_figures)
     except PolarizeError as e:
         return str(e)
     finally:
@@ -151,16 +138,14 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
     """{name: why} of the cells of `todo` ([(name, config, folder)]) that failed.
 
     Cells side by side (`side_by_side`) show one progress bar over cells. The first cell
-    starts alone, as it compiles (or loads) the program the others share; the others
-    start once it has (while it solves), and each thread takes the next cell as soon as
-    its own is done (in rounds, a thread waited for the slower cell of each round, and
-    the last round of an odd count ran alone)."""
+    runs alone, as it compiles (or loads) the program the others share; then each thread
+    takes the next cell as soon as its own is done."""
     at_once = side_by_side([config for _, config, _ in todo])
     if at_once == 1 or len(todo) < 2:
         run = lambda item: _run_cell(*item, progress=progress, cell_figures=cell_figures)
         return {item[0]: why for item in todo if (why := run(item)) is not None}
     bar = tqdm(total=len(todo), unit="cell", desc="study") if progress else None
-    run = lambda item, ready=None: _run_cell(*item, progress=False, cell_figures=cell_figures, ready=ready)
+    run = lambda item: _run_cell(*item, progress=False, cell_figures=cell_figures)
     errors = {}
 
     def done(item, why):
@@ -171,12 +156,8 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
 
     pool = ThreadPoolExecutor(at_once)
     try:
-        # the first cell alone until its program is there (or it ended without one)
-        ready = threading.Event()
-        first = pool.submit(run, todo[0], ready)
-        first.add_done_callback(lambda _: ready.set())
-        ready.wait()
-        pending, running = list(todo[1:]), {first: todo[0]}
+        done(todo[0], run(todo[0]))  # alone: it compiles the program the others share
+        pending, running = list(todo[1:]), {}
         # a cell starts as soon as a thread is free; programs are freed (on this thread)
         # only with no cell running: past the mark, the running cells finish first
         while pending or running:
@@ -195,6 +176,62 @@ def _run_todo(todo: list, *, progress: bool, cell_figures: bool) -> dict:
         if bar is not None:
             bar.close()
     return errors
+
+
+@dataclasses.dataclass(frozen=True)
+class CellResults:
+    """What the table and the figure read of a finished cell: its `config`, `summary`
+    (summary.json) and `arrays` (the `Run.arrays` keys, each read from disk at access)."""
+
+    config: SweepConfig
+    summary: dict
+    arrays: Mapping
+
+
+def finished_cells(study: Study, out) -> list[tuple[str, CellResults]]:
+    """(name, results) of every cell of `study` in `out` with a summary.json, in the study's order."""
+    cells = []
+    for name, _ in study.settings():
+        folder = Path(out) / "cells" / name
+        if (folder / "summary.json").exists():
+            cells.append(
+                (
+                    name,
+                    CellResults(
+                        stored_config(folder), read_json(folder / "summary.json"), FigureArrays(folder)
+                    ),
+                )
+            )
+    return cells
+
+
+def write_table(study: Study, out, failed: dict):
+    """study.csv: one row per cell, its grid values, status, error and every summary number."""
+    import pandas as pd
+
+    summaries = {name: cell.summary for name, cell in finished_cells(study, out)}
+    rows = []
+    for name, setting in study.settings():
+        row = {"cell": name, **{k: setting[k] for k in study.grid}}
+        row["status"] = "failed" if name in failed else "ok"
+        row["error"] = failed.get(name, "")
+        if name in summaries:  # the summary's numbers (not its per-chunk notes)
+            row.update({k: v for k, v in summaries[name].items() if not isinstance(v, dict | list)})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.to_csv(Path(out) / "study.csv", index=False)
+    return table
+
+
+def plot_study(study: Study, out) -> Path:
+    """comparison.png across cells, from stored results only."""
+    return draw_study(study, finished_cells(study, out), Path(out) / "comparison.png")
+
+
+def finish_study(study: Study, out, failed: dict) -> list[Path]:
+    """study.csv and comparison.png of the study in `out` whose failed cells are `failed`."""
+    write_table(study, out, failed)
+    return [Path(out) / "study.csv", plot_study(study, out)]
 
 
 def _json_roundtrip(d: dict) -> dict:

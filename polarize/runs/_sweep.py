@@ -20,7 +20,6 @@ the token selection with its SVMs (`token_selection`, `_selection_arrays`).
 import contextlib
 import ctypes
 import functools
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,11 +30,8 @@ import numpy as np
 from ..core._choices import BLOCK_SIZE, cpu_threads
 from ..core._errors import PolarizeError
 from ..core._trajectory import saved_at_once
-from ..figures._pyplot import pyplot
-from ..solve._devices import barrier, my_chunks, stored_programs_dir
-from ._build import value_stand_in
+from ..solve._devices import barrier, my_chunks
 from ._config import SweepConfig
-from ._drawing import FigureProcess
 from ._folder import (
     FolderLock,
     check_out,
@@ -48,7 +44,6 @@ from ._folder import (
     settings_hash,
     stored_config,
 )
-from ._programs import StoredProgram, stored_value
 from ._results import Gather, assemble, gathering
 from ._storage import write_json
 from ._store import ChunkStore
@@ -173,7 +168,7 @@ def check_memory(config: SweepConfig, *, force: bool = False) -> None:
 
 
 def run_chunk(
-    config: SweepConfig, start: int, stop: int, *, devices=None, ready: threading.Event | None = None
+    config: SweepConfig, start: int, stop: int, *, devices=None, first_alone: bool = True
 ) -> dict[str, np.ndarray]:
     """Per-initialization results for initializations start .. stop - 1, over all local devices.
 
@@ -184,6 +179,8 @@ def run_chunk(
     side by side to the threads. On a GPU or TPU a run is one block per device: wide
     enough to fill the device, and trajectories a sweep stores (descent, solvers outside
     the batched loop) take no more device memory than the block's solve itself.
+    `first_alone`: the first run goes before the others, so that it alone compiles
+    their program (a sweep's first chunk; later chunks reuse it).
     """
     config = config.resolved()
     objective = _objective(config)
@@ -194,15 +191,9 @@ def run_chunk(
     threads = cpu_threads() if one_cpu else 1
     size = piece_size(config, n_devices)
 
-    def blocks(lo, drawn=None):  # initializations lo .. lo + size - 1, whole blocks
-        model = config.build_model(lo, lo + size) if drawn is None else drawn.result()
-        stored = _stored_measure(config, model, objective) if n_devices == 1 else None
-        if stored is None:
-            out = _numerics().measure(config, model, objective, devices=devices)
-        else:
-            out = stored(model, objective)
-        if ready is not None:
-            ready.set()
+    def blocks(lo):  # initializations lo .. lo + size - 1, whole blocks
+        model = config.build_model(lo, lo + size)
+        out = _numerics().measure(config, model, objective, devices=devices)
         return {k: np.asarray(v)[: min(lo + size, stop) - lo] for k, v in out.items()}
 
     # runs start on the sweep's whole blocks, so that init i sits at row i % block_size of
@@ -210,75 +201,16 @@ def run_chunk(
     # the rows before `start` are computed and dropped
     base = start - start % config.block_size
     starts = list(range(base, stop, size))
-    parts = []
-    key = (config.program(), size, tuple(devices or ()))
-    if key not in _COMPILED:  # the first run alone compiles; the others reuse it
-        first = starts.pop(0)
-        parts.append(blocks(first, _drawn_beside(config, first, size, objective) if n_devices == 1 else None))
-        _COMPILED.add(key)
+    parts = [blocks(starts.pop(0))] if first_alone else []
     with ThreadPoolExecutor(threads) as pool:
         parts += list(pool.map(blocks, starts))
     return {k: np.concatenate([p[k] for p in parts])[start - base :] for k in parts[0]}
 
 
-def _drawn_beside(config: SweepConfig, start: int, size: int, objective):
-    """The first run's model (initializations start .. start + size - 1) as a future,
-    drawn on another thread while this one loads (or traces and stores) and compiles the
-    run's stored `measure` on a stand-in of its shapes (`_build.value_stand_in`): the
-    draws' compile (0.65 s) overlaps the solve's decision and trace instead of preceding
-    them (a cold default sweep 6.9 -> 6.6 s). None where `measure` is not stored."""
-    if config.model != "value" or config.method != "flow" or stored_programs_dir() is None:
-        return None
-    pool = ThreadPoolExecutor(1)
-    drawn = pool.submit(config.build_model, start, start + size)
-    pool.shutdown(wait=False)  # its thread ends with the draws
-    stand_in = value_stand_in(config, size)
-    stored = _stored_measure(config, stand_in, objective)
-    if stored is not None:
-        stored.prepare(stand_in, objective)
-    return drawn
-
-
-def _stored_measure(config: SweepConfig, model, objective) -> StoredProgram | None:
-    """`measure` of a sweep's config as a stored exported program (`_programs`), where
-    the compile cache is on and `measure` is one program with no arithmetic after it (a
-    flow reduced block by block in the engine's batched loop): exported whole, it computes
-    the same bits. None otherwise (descent, and flows that restart for their hitting
-    times, compute their rates and times after their solve: fused into one exported
-    program those round differently in the last bit).
-
-    The program is traced with the solver and clock decided on the concrete `objective`
-    (`_numerics.decide`): traced, the objective's curvature is unknown and `flow`'s
-    default would take the stiff method. Decided once per config (data settings
-    included: the curvature depends on them), from the first block's `model`, and stored
-    beside the programs (`stored_value`): a later process that finds both runs the
-    program without loading the solvers (diffrax, optax) at all."""
-    folder = stored_programs_dir()
-    if folder is None or config.method != "flow" or config.model != "value":
-        return None  # (model prompt measures its token selection on the host: not one program)
-    key = (config, folder)
-    if key not in _DECIDED:
-        decide = lambda: _numerics().decision(config, model, objective)
-        _DECIDED[key] = stored_value(folder, "runs._sweep.decision", config.to_dict(), decide)
-    decision = _DECIDED[key]
-    return None if decision is None else _stored(config.program(), tuple(decision), folder)
-
-
-#: (config, programs folder) -> the [solver, clock] names its stored `measure` is traced
-#: with, or None where `measure` is not stored (`_stored_measure`).
-_DECIDED: dict = {}
-
-
-@functools.lru_cache(maxsize=16)
-def _stored(program: SweepConfig, decision: tuple, folder: Path) -> StoredProgram:
-    settings = {**program.to_dict(), "decided": list(decision)}
-    make = lambda m, o: _numerics().stored_measure(program, list(decision), m, o)
-    return StoredProgram(make, "runs._sweep.measure", settings, folder)
-
-
 def _numerics():
     """The module of a sweep's solve and measurements (`_numerics`: diffrax, optax),
-    imported on first use: a warm sweep that runs its stored program never loads them."""
+    imported on first use: reading a finished run (`pz.load`, `polarize report`) needs
+    neither."""
     from . import _numerics
 
     return _numerics
@@ -301,10 +233,6 @@ def _objective(config: SweepConfig):
     return config.build_objective()
 
 
-#: (config, piece size, devices) whose programs this process has compiled.
-_COMPILED: set = set()
-
-
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
     """[(start, stop), ...] covering range(n) in chunks of at most `size`."""
     return [(s, min(s + size, n)) for s in range(0, n, size)]
@@ -322,22 +250,19 @@ def run_sweep(
     progress: bool = False,
     sample: int = 0,
     devices=None,
-    figures: bool | FigureProcess = True,
+    figures: bool = True,
     force: bool = False,
-    ready: threading.Event | None = None,
 ) -> dict:
     """Run (or resume) a sweep in `out`; returns the summary (also in summary.json).
 
     Finished chunks are on disk as soon as they are done, so an interrupted run
     loses at most the chunk in flight. With several JAX processes
     (`jax.distributed.initialize()` first), each computes its share of chunks and
-    process 0 assembles the results (the others return an empty dict). `figures=False`
-    skips the four PNGs (`polarize report DIR` draws them from the stored results); a
-    `FigureProcess` (started before JAX was imported) draws them in its own process.
-    A CPU sweep that will not fit in memory is refused with its estimate unless `force`
-    (`check_memory`). `out` is locked while this process writes it (`_folder.FolderLock`).
-    `ready` (if given) is set once the sweep's program is compiled or loaded and its
-    first run is under way: a study then starts its other cells.
+    process 0 assembles the results (the others return an empty dict). The four PNGs
+    are drawn once the results are on disk; `figures=False` skips them (`polarize report
+    DIR` draws them from the stored results). A CPU sweep that will not fit in memory is
+    refused with its estimate unless `force` (`check_memory`). `out` is locked while this
+    process writes it (`_folder.FolderLock`).
     """
     if sample < 0:
         raise PolarizeError(f"`sample` must be >= 0; got {sample}")
@@ -373,11 +298,10 @@ def run_sweep(
             sample=sample,
             devices=devices,
             figures=figures,
-            ready=ready,
         )
 
 
-def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devices, figures, ready) -> dict:
+def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devices, figures) -> dict:
     """`run_sweep` once `out` is locked and holds the run's config.json."""
     ranges = chunks(config.inits, config.chunk_size)
     store = ChunkStore(out, ranges, REQUIRED, settings_hash(config))
@@ -385,8 +309,6 @@ def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devi
     store.save_if_rebuilt()
     started = time.perf_counter()
     assembler = jax.process_index() == 0
-    if assembler and figures is True:  # the figures' matplotlib (~0.4 s) loads while the solver compiles
-        threading.Thread(target=pyplot).start()
     bar = _progress(progress, ranges, todo)
     # process 0 gathers its chunks for the assembly as they are finished
     gather = Gather(config.inits, stack.enter_context(gathering(out))) if assembler else None
@@ -403,8 +325,8 @@ def _run_locked(config: SweepConfig, out: Path, stack, *, progress, sample, devi
     # ~25 ms a chunk with the solver threads idle); an interrupt still waits for the write
     with ThreadPoolExecutor(1) as writer:
         written = None
-        for i in todo:
-            part = run_chunk(config, *ranges[i], devices=devices, ready=ready)
+        for n, i in enumerate(todo):
+            part = run_chunk(config, *ranges[i], devices=devices, first_alone=n == 0)
             if written is not None:
                 written.result()  # a failed write stops the sweep here
             written = writer.submit(finish, i, part)

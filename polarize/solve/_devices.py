@@ -8,10 +8,9 @@
 - Processes: after `jax.distributed.initialize()`, process p of P takes the
   chunks whose index is p mod P (`my_chunks`); a barrier
   (`multihost_utils.sync_global_devices`) lets process 0 assemble the results.
-- Compilation cache: the CLI keeps compiled programs in a persistent cache
-  (`cache_dir()`: XLA's compiled code and a sweep's traced programs), so repeated calls
-  skip recompilation; `enable_compilation_cache` (public as `pz.enable_compilation_cache`)
-  turns it on, for a notebook or a script too.
+- Compilation cache: the CLI keeps compiled programs in JAX's persistent cache
+  (`cache_dir()`), so repeated calls skip recompilation; `enable_compilation_cache`
+  (public as `pz.enable_compilation_cache`) turns it on, for a notebook or a script too.
 - Compiled programs in memory: `release_programs_if_crowded` drops JAX's in-memory
   programs before a process runs out of memory maps (Linux's per-process limit).
 """
@@ -58,8 +57,8 @@ def over_devices(fn, model, objective, devices=None, *, block_size: int = 1):
     # static and keys the compiled program
     split, rest = partition_inits((model, objective))
     shared, static = eqx.partition(rest, eqx.is_array)
-    # arrays a program left committed to other devices (a stored program's outputs, on
-    # device 0) would be refused by the devices' program: host copies of those only
+    # arrays a program left committed to other devices (a program's outputs, on device 0)
+    # would be refused by the devices' program: host copies of those only
     elsewhere = lambda x: isinstance(x, jax.Array) and x.committed and x.sharding.device_set != set(devices)
     shared = jax.tree.map(lambda x: np.asarray(x) if elsewhere(x) else x, shared)
 
@@ -142,9 +141,9 @@ def barrier(name: str) -> None:
 def cache_dir() -> Path | None:
     """Where the CLI keeps what it compiled: $POLARIZE_CACHE_DIR or ~/.cache/polarize.
 
-    Inside it, `jax/` is XLA's compilation cache and `programs/` a sweep's traced programs
-    (`runs/_programs.py`); deleting the folder empties both. None (no persistent cache)
-    when POLARIZE_NO_CACHE is set to a non-empty value.
+    Inside it, `jax/` is JAX's persistent compilation cache, one folder per kind of CPU
+    (`host_cpu`); deleting the folder empties it. None (no persistent cache) when
+    POLARIZE_NO_CACHE is set to a non-empty value.
     """
     if os.environ.get("POLARIZE_NO_CACHE"):
         return None
@@ -160,8 +159,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     `path`: the folder, created if missing; by default the CLI's, `$POLARIZE_CACHE_DIR` or
     `~/.cache/polarize`. Inside it, `jax/` holds JAX's own persistent compilation cache,
     here for every program however quick its compile, in one subfolder per kind of CPU
-    (`host_cpu`), and `programs/` the traced programs of sweeps run in this process
-    (`runs/_programs.py`), which do not depend on the CPU. Process-wide, like JAX's setting
+    (`host_cpu`). Process-wide, like JAX's setting
     it turns on; a call with another folder moves the cache there. The numbers are the
     same with the cache or without (on a CPU; tests/solve/test_compilation_cache.py)."""
     if path is not None and not isinstance(path, str | os.PathLike):
@@ -187,12 +185,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if before not in (None, str(folder)):  # JAX opens its cache once: reopen it in the new folder
         compilation_cache.reset_cache()
-    global _cache_root
-    _cache_root = root
     return root
 
 
-_cache_root: Path | None = None
 #: what /proc/cpuinfo says of a CPU's kind: x86's vendor, family, model and flags (a virtual
 #: machine's model name may be only "AMD EPYC"), Arm's implementer, part and features
 CPU_FIELDS = (
@@ -233,15 +228,6 @@ def cpu_kind(cpuinfo: str | None) -> str:
         fields = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
         ident = "|".join(fields.get(k, "") for k in CPU_FIELDS)
     return f"{platform.machine() or 'cpu'}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
-
-
-def stored_programs_dir() -> Path | None:
-    """Where a sweep's traced programs are kept: `programs/` of the folder that
-    `enable_compilation_cache` turned on, while JAX's compilation cache is still there;
-    None otherwise (a notebook, `POLARIZE_NO_CACHE`)."""
-    if _cache_root is None or jax.config.jax_compilation_cache_dir != str(_cache_root / "jax" / host_cpu()):
-        return None
-    return _cache_root / "programs"
 
 
 def mapped_regions() -> int | None:

@@ -175,23 +175,18 @@ def _controller(options: SolveOptions, save_at):
 
 
 def decided(model, objective, options: SolveOptions) -> SolveOptions:
-    """`options` with the solver and clock that `solve_flow` takes for these concrete
-    arrays written in: where `options` leaves them to the default, the stiff objectives'
-    choice reads the objective's curvature, which a trace of a program taking the
-    objective as an argument cannot (it would take the stiff method at any horizon)."""
-    prepared, prepared_objective, field = prepare(
-        model, objective, path=options.path, precision=options.precision
-    )
-    resolved = options.resolved(prepared, prepared_objective, field)
-    return dataclasses.replace(options, solver=resolved.solver, clock=resolved.clock)
-
-
-def crosses_in_loop(model, objective, options: SolveOptions) -> bool:
-    """Whether `solve_flow` of these options locates its targets' crossings in the engine's
-    batched loop (and then reduces each block there, given a `reduce`): explicit
-    Runge-Kutta solvers under the engine's own step control."""
+    """`options` resolved as `solve_flow` resolves them for these concrete arrays: where
+    `options` leaves the solver and clock to the default, the stiff objectives' choice
+    reads the objective's curvature, which a trace of a program taking the objective as an
+    argument cannot (it would take the stiff method at any horizon)."""
     model, objective, field = prepare(model, objective, path=options.path, precision=options.precision)
-    options = options.resolved(model, objective, field)
+    return options.resolved(model, objective, field)
+
+
+def crosses_in_loop(options: SolveOptions) -> bool:
+    """Whether `solve_flow` of resolved `options` (`decided`) locates its targets'
+    crossings in the engine's batched loop (and then reduces each block there, given a
+    `reduce`): explicit Runge-Kutta solvers under the engine's own step control."""
     controller = _controller(options, None if options.ends_only else options.ts)
     return options.targets is not None and batches(options.solver, options.adjoint, controller)
 

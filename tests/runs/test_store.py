@@ -155,7 +155,7 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
     # the stiff default (Rosenbrock) rounded otherwise inside the devices' program; and
     # at curvature x t1 = 200 the default is Tsit5, but traced inside that program the
     # objective's curvature was unknown and two devices took Rosenbrock (with the cache
-    # on, the square's data, made by a stored program on device 0, was refused there)
+    # on, the square's data, left on device 0 by the program that made it, was refused there)
     small = dict(tokens=5, dim=8, n_save=16, snapshots=8, inits=12, block_size=4)
     stiff = dict(small, objective="cross-entropy", t1=1e5)
     square = dict(small, objective="square", kappa=3.0, t1=100.0)
@@ -176,7 +176,6 @@ def test_results_do_not_depend_on_device_count(reference, tmp_path):
         "from polarize.solve._devices import enable_compilation_cache; enable_compilation_cache()\n"
         f"np.savez(sys.argv[1] + '.sq.npz', **run_chunk(SweepConfig(**{square!r}), 0, 12))\n"
     )
-    # the suite's own XLA flags too (conftest.py): the same compiler as this process
     env = {**ENV, "XLA_FLAGS": f"{ENV.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()}
     subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "d2.npz"), str(tmp_path / "cache")], env=env, check=True

@@ -175,9 +175,9 @@ def test_cells_side_by_side_free_programs_only_with_no_cell_running(tmp_path, mo
     assert released and set(released) == {0}
 
 
-def test_the_other_cells_start_once_the_first_has_its_program(tmp_path, monkeypatch, capsys):
-    """The first cell starts alone and the others once its program is compiled (while it
-    solves); a first cell that ends without a program (refused at once) holds no one."""
+def test_the_first_cell_runs_alone_then_the_others_side_by_side(tmp_path, monkeypatch, capsys):
+    """The first cell compiles the program the others share: it ends before any other
+    starts; the others then run two at a time, and a failing first cell stops no one."""
     import threading
 
     from polarize.core._errors import PolarizeError
@@ -186,40 +186,30 @@ def test_the_other_cells_start_once_the_first_has_its_program(tmp_path, monkeypa
     spec = tmp_path / "tiny.toml"
     spec.write_text(STUDY)
     monkeypatch.setenv("POLARIZE_THREADS", "2")
-    events, lock, second = [], threading.Lock(), threading.Event()
+    events, lock, both = [], threading.Lock(), threading.Barrier(2, timeout=20)
     run_cell = _study._run_cell
 
-    def logged(name, *args, ready=None, **kwargs):
+    def logged(name, *args, **kwargs):
         with lock:
             events.append(("start", name))
-        if ready is not None:
-            unlogged = ready
-
-            class Logged:  # the first cell's program is there: it waits for the next cell to start
-                def set(self):
-                    with lock:
-                        events.append(("ready", name))
-                    unlogged.set()
-                    second.wait(timeout=20)
-
-            ready = Logged()
-        else:
-            second.set()
+            meets = sum(what == "start" for what, _ in events) in (2, 3)
+        if meets:  # the two cells after the first meet here: they run side by side
+            both.wait()
         try:
-            return run_cell(name, *args, ready=ready, **kwargs)
+            return run_cell(name, *args, **kwargs)
         finally:
             with lock:
                 events.append(("end", name))
 
     monkeypatch.setattr(_study, "_run_cell", logged)
     assert main(["study", str(spec), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
-    first, next_one = events[0][1], events[2][1]
-    assert events[:3] == [("start", first), ("ready", first), ("start", next_one)]
-    assert events.index(("start", next_one)) < events.index(("end", first))
+    first = events[0][1]
+    assert events[:2] == [("start", first), ("end", first)]
+    assert [what for what, _ in events[2:4]] == ["start", "start"]  # met at the barrier
     assert sorted(name for what, name in events if what == "end") == sorted(
         p.name for p in (tmp_path / "s" / "cells").iterdir()
     )
-    # refused before any program: the first cell's end lets the others start
+    # a first cell refused at once: the others run all the same
     monkeypatch.setattr(_study, "_run_cell", run_cell)
     run_sweep = _study.run_sweep
 
@@ -230,15 +220,8 @@ def test_the_other_cells_start_once_the_first_has_its_program(tmp_path, monkeypa
 
     monkeypatch.setattr(_study, "run_sweep", refuse_first)
     capsys.readouterr()
-    done = []
-    job = threading.Thread(
-        target=lambda: done.append(main(["study", str(spec), "--out", str(tmp_path / "r"), "--no-progress"]))
-    )
-    job.start()
-    job.join(timeout=120)
-    assert (
-        done == [1] and "1 of 4 cells failed: norm=softmax__a_scale=0.0: refused" in capsys.readouterr().out
-    )
+    assert main(["study", str(spec), "--out", str(tmp_path / "r"), "--no-progress"]) == 1
+    assert "1 of 4 cells failed: norm=softmax__a_scale=0.0: refused" in capsys.readouterr().out
 
 
 def test_the_survival_legend_rounds_to_0_or_100_percent_only_when_exact():
