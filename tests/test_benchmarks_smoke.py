@@ -87,7 +87,7 @@ def test_hand_written_floor_solves_the_same_flow():
     assert steps == float(np.mean(np.asarray(traj.steps))) and iterations >= steps
 
 
-@pytest.mark.parametrize("script", ["latency.py", "first_calls.py"])
+@pytest.mark.parametrize("script", ["latency.py"])
 def test_a_bad_repeats_is_one_line_not_a_traceback(script):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--repeats", "0"],
