@@ -1,11 +1,10 @@
 """matplotlib, loaded on first use (the one deliberate lazy import of the figures), and
 the two things every figure here does to stay cheap to draw.
 
-`import polarize` and the CLI's parsing do not pay for matplotlib (about 0.25-0.4 s): the
-`polarize sweep` command draws in a second Python that loads it while the sweep runs
-(`polarize.runs._drawing`), and `run_sweep` or a study load it in a thread meanwhile.
+`import polarize` and the CLI's parsing do not pay for matplotlib (about 0.25-0.4 s): it
+loads with the first figure, once a sweep's results are on disk.
 
-Measured on a 2-core CPU (benchmarks/NOTES.md, "Warm studies, figures and imports"):
+Measured on a 2-core CPU (benchmarks/NOTES.md, "Time to result"):
 a layout engine (constrained or tight) took half of a figure's time, finding where the
 labels fit; the ticks of logarithmic axes (a few artists each, minor ticks in every
 decade) were most of the rest, and matplotlib labels their decades in mathtext
