@@ -261,17 +261,66 @@ def _start_jax(args) -> None:
 #: the exit status of a command whose output's reader went away (128 + SIGPIPE, as the
 #: shell reports a writer that a closed pipe ended)
 CLOSED_PIPE = 141
+#: the exit status of a command whose work is done but whose output could not be written
+#: (a full device): EX_IOERR of sysexits.h
+OUTPUT_FAILED = 74
+
+
+class _Output:
+    """The command's standard output: a write that fails with an OS error other than a
+    closed pipe (`> /dev/full`) is kept in `error` and the rest of the output dropped, so
+    that a finished run is not turned into a traceback; `main` then says so."""
+
+    def __init__(self, stream):
+        self.stream, self.error = stream, None
+
+    def _do(self, fn, *args):
+        if self.error is None:
+            try:
+                fn(*args)
+            except BrokenPipeError:
+                raise
+            except OSError as e:
+                self.error = e
+
+    def write(self, text: str) -> int:
+        self._do(self.stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._do(self.stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def main(argv=None) -> int:
+    out = sys.stdout = _Output(sys.stdout)
     try:
         try:
-            return _main(argv)
+            code = _main(argv)
         finally:  # what is buffered goes out now, where a closed pipe is still caught
             sys.stdout.flush()
     except BrokenPipeError:  # `polarize sweep | head -1`: the reader is gone, not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later flushes go nowhere
+        _drop_output()
         return CLOSED_PIPE
+    finally:
+        sys.stdout = out.stream
+    if out.error is None:
+        return code
+    _drop_output()
+    reason = out.error.strerror or type(out.error).__name__
+    print(
+        f"polarize: error: the output could not be written ({reason}); what the command wrote "
+        "to disk is complete",
+        file=sys.stderr,
+    )
+    return OUTPUT_FAILED
+
+
+def _drop_output() -> None:
+    """Later writes to standard output go nowhere (the interpreter's last flush included)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv) -> int:

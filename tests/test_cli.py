@@ -186,6 +186,39 @@ def test_output_into_a_closed_pipe_ends_quietly_with_status_141(entry, flush):
     assert proc.returncode == 141
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("size", [20, 100_000], ids=["at the end", "mid-job"])
+@pytest.mark.parametrize("entry", ["sys.exit(cli.main([]))", "cli.run()"], ids=["module", "command"])
+def test_output_onto_a_full_device_is_one_line_and_status_74_after_the_work(tmp_path, entry, size):
+    # `polarize sweep > /dev/full`: the job's files are written, then its output fails (at
+    # the last flush, or at a write in the middle of the job when it overflows the buffer)
+    done = tmp_path / "done"
+    job = f"lambda argv: print('x' * {size}) or open({str(done)!r}, 'w').write('ok') and 0"
+    code = f"import sys; import polarize.cli as cli; cli._main = {job}; {entry}"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 74
+    assert proc.stderr == (
+        "polarize: error: the output could not be written (No space left on device); what the "
+        "command wrote to disk is complete\n"
+    )
+    assert done.read_text() == "ok"  # the job ran to its end
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_real_sweep_onto_a_full_device_keeps_its_results(tmp_path):
+    out = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-c", COMMAND, "sweep", *SMALL, "--out", str(out), "--no-progress"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
+    assert pz.load(out).summary["n_inits"] == 40
+
+
 def test_the_command_ends_with_every_file_written_and_its_exit_status(tmp_path):
     # `run` ends the process as Python does (its exit handlers run), with main's status
     import tomllib
