@@ -202,17 +202,11 @@ def init_ensemble(
     tokens = check_positive("tokens", tokens, integer=True)
     dim = check_positive("dim", dim, integer=True)
     dtype = jnp.dtype(dtype or jnp.result_type(float))
-    start = first_index(start, n)  # traced: one compiled draw for every chunk
-    V, a = standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
-    return scaled_ensemble(V, a, v_scale=v_scale, a_scale=a_scale, a_offset=a_offset, norm=norm)
-
-
-def scaled_ensemble(V, a, *, v_scale: float, a_scale: float, a_offset: float, norm) -> ValueAttention:
-    """`init_ensemble` from its standard normal draws (`standard_normals`): V = v_scale V,
-    a = a_offset + a_scale a."""
     for name, value in (("v_scale", v_scale), ("a_scale", a_scale), ("a_offset", a_offset)):
         if not np.isfinite(value):
             raise PolarizeError(f"`{name}` must be finite; got {value!r}")
+    start = first_index(start, n)  # traced: one compiled draw for every chunk
+    V, a = standard_normals(as_key(key), start, n=n, shape=(dim, tokens), dtype=dtype)
     # scaled op by op, outside the draw's program: fused there, XLA rounds a + s x differently
     V, a = _scaled(V, v_scale), _scaled(_scaled(a, a_scale), a_offset, add=True)
     return ValueAttention(V, a, normalization(norm))

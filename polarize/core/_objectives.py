@@ -242,12 +242,7 @@ def conditioned_regression(key: PRNGKeyArray | int, n: int, dim: int, kappa: flo
     kappa = check_positive("kappa", kappa)
     if kappa < 1:
         raise PolarizeError(f"`kappa` must be >= 1 (a condition number); got {kappa!r}")
-    return Square(*regression_data(as_key(key), n, dim, kappa))
-
-
-def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, Array]:
-    """(X, y) of `conditioned_regression`, unchecked."""
-    kg, ky = jax.random.split(key)
+    kg, ky = jax.random.split(as_key(key))
     G = jax.random.normal(kg, (n, dim))
     if n > max(dim, SVD_TALL_ROWS):
         # from G^T = W diag U^T (`SVD_TALL_ROWS`): X = U diag(sv) W^T is the same matrix to
@@ -258,8 +253,7 @@ def regression_data(key: PRNGKeyArray, n: int, dim: int, kappa) -> tuple[Array, 
         U, _, Wt = jnp.linalg.svd(G, full_matrices=False)
     sv = jnp.linspace(1.0, 1.0 / kappa, min(n, dim))
     X = (U * sv[None, :]) @ Wt
-    y = jax.random.normal(ky, (n,))
-    return X, y
+    return Square(X, jax.random.normal(ky, (n,)))
 
 
 def random_labels(key: PRNGKeyArray | int, n: int, dim: int) -> LogisticData:
